@@ -1,0 +1,132 @@
+"""The numpy reference: docs/semantics.md written as code, for clarity rather than speed.
+
+Every other backend is tested against this module. Loops over requests and positions are
+deliberate: each line should be checkable against the prose of the semantics document.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from portable_verify.backends.base import Availability, Backend
+from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
+
+
+def first_argmax(row: np.ndarray) -> int:
+    """Index of the maximum; the lowest index wins ties."""
+    return int(np.argmax(row))
+
+
+def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """float32 softmax of ``logits / temperature`` (``-inf`` logits get probability 0)."""
+    z = logits.astype(np.float32) / np.float32(temperature)
+    z = z - z.max()
+    e = np.exp(z)
+    return (e / e.sum()).astype(np.float32)
+
+
+def inverse_cdf_draw(weights: np.ndarray, v: float) -> int:
+    """Smallest ``t`` with ``cumsum(w)[t] >= v * cumsum(w)[-1]``; ``v`` in (0, 1]."""
+    c = np.cumsum(weights.astype(np.float32), dtype=np.float32)
+    threshold = np.float32(v) * c[-1]
+    # The clamp only matters for NaN weights (validate=False): ids stay in [0, V).
+    return min(int(np.searchsorted(c, threshold, side="left")), len(c) - 1)
+
+
+def entropy(p: np.ndarray) -> float:
+    """Natural-log entropy with ``0 log 0 = 0``."""
+    nz = p[p > 0]
+    return float(-(nz * np.log(nz)).sum())
+
+
+def verify_one(
+    drafts: np.ndarray,
+    target: np.ndarray,
+    draft_q: np.ndarray | None,
+    n: int,
+    greedy: bool,
+    is_logits: bool,
+    temperature: float,
+    method: str,
+    uniforms: np.ndarray | None,
+    eps: float,
+    alpha: float,
+) -> list[int]:
+    """Emitted tokens of one request. ``target`` is [>= n+1, V]; ``draft_q`` is [>= n, V] or None."""
+    if greedy:
+        emitted: list[int] = []
+        for j in range(n):
+            g = first_argmax(target[j])
+            if drafts[j] != g:
+                return [*emitted, g]
+            emitted.append(int(drafts[j]))
+        return [*emitted, first_argmax(target[n])]
+
+    def p(j: int) -> np.ndarray:
+        return softmax(target[j], temperature) if is_logits else target[j].astype(np.float32)
+
+    v = float(uniforms[-1])
+    emitted = []
+    for j in range(n):
+        x = int(drafts[j])
+        pj = p(j)
+        if method == "typical":
+            threshold = min(eps, alpha * np.exp(-entropy(pj)))
+            if not pj[x] > threshold:
+                return [*emitted, first_argmax(pj)]
+        else:
+            qx = np.float32(draft_q[j, x]) if draft_q is not None else np.float32(1.0)
+            accepted = pj[x] > 0 and np.float32(uniforms[j]) * qx <= pj[x]
+            if not accepted:
+                if draft_q is not None:
+                    q = draft_q[j].astype(np.float32)
+                else:
+                    q = np.zeros_like(pj)
+                    q[x] = 1.0
+                residual = np.maximum(pj - q, np.float32(0))
+                if not residual.any():
+                    residual = pj  # empty residual: draw from the target itself
+                return [*emitted, inverse_cdf_draw(residual, v)]
+        emitted.append(x)
+    return [*emitted, inverse_cdf_draw(p(n), v)]
+
+
+def verify_reference(inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
+    """``(token_ids [B, K+1], num_accepted [B])`` for numpy inputs."""
+    b, k = inputs.batch_size, inputs.num_positions
+    tokens = np.full((b, k + 1), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
+    accepted = np.zeros(b, dtype=np.int64)
+    for i in range(b):
+        n = int(inputs.num_draft_tokens[i])
+        temperature = float(inputs.temperature[i])
+        q = inputs.draft_probs[inputs.draft_rows[i]] if inputs.draft_probs is not None else None
+        emitted = verify_one(
+            drafts=inputs.draft_token_ids[i],
+            target=inputs.target[inputs.target_rows[i]],
+            draft_q=q,
+            n=n,
+            greedy=inputs.all_greedy or temperature == 0.0,
+            is_logits=inputs.target_is_logits,
+            temperature=temperature,
+            method=inputs.sampled_method,
+            uniforms=None if inputs.uniforms is None else inputs.uniforms[i],
+            eps=inputs.typical_eps,
+            alpha=inputs.typical_alpha,
+        )
+        tokens[i, : len(emitted)] = emitted
+        accepted[i] = len(emitted) - 1
+    return tokens, accepted
+
+
+class NumpyReferenceBackend(Backend):
+    """The executable specification; slow, exact, always available."""
+
+    name = "numpy"
+    description = "numpy reference implementation (the executable specification)"
+    array_kind = "numpy"
+
+    def availability(self) -> Availability:
+        return Availability(True, "numpy is a core dependency")
+
+    def run(self, inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
+        return verify_reference(inputs)

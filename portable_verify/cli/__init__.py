@@ -1,0 +1,1 @@
+"""Command-line interface: ``portable-verify {bench,info,conformance,e2e}``."""

@@ -1,0 +1,83 @@
+"""Counter-based uniforms shared by every backend.
+
+Why a hand-written hash: backends run on numpy, torch (any device), OpenVINO graphs and Triton
+kernels; they must draw *bit-identical* random numbers from a request's seed without a host sync
+and without a Python loop over the batch. A counter-based hash written only with ``^ >> << & * +``
+on int64 arrays runs unchanged on numpy arrays and torch tensors. See docs/semantics.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+MASK32 = 0xFFFFFFFF
+UNIFORM_BITS = 24
+UNIFORM_SCALE = 2.0**-UNIFORM_BITS
+DRAW_COUNTER = 1  # the recovered/bonus draw; acceptance uniforms use even counters 2j
+
+_SEED_SALT = 0x243F6A88
+_COUNTER_SALT = 0x85A308D3
+_MIX_C1 = 0x7FEB352D
+_MIX_C2 = 0x846CA68B
+
+
+def mul32(x: Any, c: int) -> Any:
+    """``(x * c) mod 2**32`` for ``0 <= x < 2**32`` without int64 overflow (16-bit split)."""
+    lo = c & 0xFFFF
+    hi = c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & MASK32
+
+
+def mix32(x: Any) -> Any:
+    """A 32-bit avalanche finaliser (xorshift-multiply); input and output in ``[0, 2**32)``."""
+    x = x ^ (x >> 16)
+    x = mul32(x, _MIX_C1)
+    x = x ^ (x >> 15)
+    x = mul32(x, _MIX_C2)
+    return x ^ (x >> 16)
+
+
+def request_keys(seeds: Any, offsets: Any) -> Any:
+    """Per-request 32-bit keys from int64 seeds and int64 offsets (arrays of the same shape)."""
+    k = mix32(((seeds >> 32) & MASK32) ^ _SEED_SALT)
+    k = mix32((seeds & MASK32) ^ k)
+    k = mix32(((offsets >> 32) & MASK32) ^ k)
+    return mix32((offsets & MASK32) ^ k)
+
+
+def uniform_bits(keys: Any, counters: Any) -> Any:
+    """24-bit integers for (key, counter) pairs; broadcasting follows the array library."""
+    return mix32(mix32(keys ^ counters) ^ _COUNTER_SALT) >> (32 - UNIFORM_BITS)
+
+
+def row_seeds(seed: int, rows: Any) -> Any:
+    """Per-row int64 seeds (63-bit) from one Python int seed and the row indices (int64 array)."""
+    s = int(seed)
+    k = mix32(mix32(((s >> 32) & MASK32) ^ _SEED_SALT) ^ (s & MASK32))
+    return (mix32(rows ^ k) << 31) ^ mix32(rows ^ (k ^ _COUNTER_SALT))
+
+
+def counters_for(num_cols: int, arange: Any) -> Any:
+    """Counters of the ``K+1`` uniform columns: ``2j`` for acceptance columns, then the draw."""
+    k = num_cols - 1
+    return arange * 2 * (arange < k) + DRAW_COUNTER * (arange == k)
+
+
+def uniforms_numpy(seeds: Any, offsets: Any, num_cols: int) -> Any:
+    """float32 ``[B, num_cols]`` uniforms in (0, 1] (numpy); the reference for every backend."""
+    import numpy as np
+
+    keys = request_keys(np.asarray(seeds, np.int64), np.asarray(offsets, np.int64))
+    ctr = counters_for(num_cols, np.arange(num_cols, dtype=np.int64))
+    bits = uniform_bits(keys[:, None], ctr[None, :])
+    return ((bits + 1).astype(np.float32) * np.float32(UNIFORM_SCALE)).astype(np.float32)
+
+
+def uniforms_torch(seeds: Any, offsets: Any, num_cols: int) -> Any:
+    """Same numbers as :func:`uniforms_numpy`, computed on the seeds' device (no host sync)."""
+    import torch
+
+    keys = request_keys(seeds.to(torch.int64), offsets.to(torch.int64))
+    ctr = counters_for(num_cols, torch.arange(num_cols, dtype=torch.int64, device=seeds.device))
+    bits = uniform_bits(keys[:, None], ctr[None, :])
+    return (bits + 1).to(torch.float32) * UNIFORM_SCALE

