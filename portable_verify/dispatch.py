@@ -125,6 +125,7 @@ register_backend("torch", _lazy("portable_verify.backends.torch_eager", "TorchBa
 register_backend("cpu", _lazy("portable_verify.backends.torch_eager", "CpuBackend"))
 register_backend("cuda", _lazy("portable_verify.backends.cuda", "CudaBackend"))
 register_backend("xpu", _lazy("portable_verify.backends.xpu", "XpuBackend"))
-register_backend("triton", _lazy("portable_verify.backends.triton_kernels", "TritonInterpreterBackend"),
+_TRITON = _lazy("portable_verify.backends.triton_kernels", "TritonInterpreterBackend")
+register_backend("triton", _TRITON, auto=False)
+register_backend("openvino", _lazy("portable_verify.backends.openvino", "OpenVINOBackend"),
                  auto=False)
-register_backend("openvino", _lazy("portable_verify.backends.openvino", "OpenVINOBackend"), auto=False)

@@ -52,7 +52,7 @@ def verify_one(
     eps: float,
     alpha: float,
 ) -> list[int]:
-    """Emitted tokens of one request. ``target`` is [>= n+1, V]; ``draft_q`` is [>= n, V] or None."""
+    """Emitted tokens of one request; ``target`` is [>= n+1, V], ``draft_q`` [>= n, V] or None."""
     if greedy:
         emitted: list[int] = []
         for j in range(n):

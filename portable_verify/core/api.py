@@ -148,7 +148,9 @@ def _check_structure(
     require_float(target_name, target)
     b, k = drafts.shape
     if target.shape[0] != b:
-        raise ValueError(f"{target_name} has batch size {target.shape[0]}, draft_token_ids has {b}")
+        raise ValueError(
+            f"{target_name} has batch size {target.shape[0]}, draft_token_ids has {b}"
+        )
     if target.shape[1] != k + 1:
         raise ValueError(
             f"{target_name} must have K+1 = {k + 1} rows per request (K drafts plus the bonus "
@@ -161,7 +163,8 @@ def _check_structure(
         require_float("draft_probs", q)
         if tuple(q.shape) != (b, k, target.shape[2]):
             raise ValueError(
-                f"draft_probs must have shape (B, K, V) = {(b, k, target.shape[2])}, got {tuple(q.shape)}"
+                f"draft_probs must have shape (B, K, V) = {(b, k, target.shape[2])}, "
+                f"got {tuple(q.shape)}"
             )
     if counts is not None:
         require_rank("num_draft_tokens", counts, 1, "[B]")
@@ -172,7 +175,9 @@ def _check_structure(
         require_rank("uniforms", explicit_u, 2, "[B, K+1]")
         require_float("uniforms", explicit_u)
         if tuple(explicit_u.shape) != (b, k + 1):
-            raise ValueError(f"uniforms must have shape (B, K+1) = {(b, k + 1)}, got {tuple(explicit_u.shape)}")
+            raise ValueError(
+                f"uniforms must have shape (B, K+1) = {(b, k + 1)}, got {tuple(explicit_u.shape)}"
+            )
     require_same_device(
         {
             "draft_token_ids": drafts,
@@ -302,7 +307,8 @@ def _run(
     chosen = select_backend(backend, device.type)
     if chosen.array_kind == "numpy":
         tokens, accepted = chosen.run(inputs.numpy())
-        tokens, accepted = torch.from_numpy(np.asarray(tokens)), torch.from_numpy(np.asarray(accepted))
+        tokens = torch.from_numpy(np.asarray(tokens))
+        accepted = torch.from_numpy(np.asarray(accepted))
     else:
         tokens, accepted = chosen.run(inputs)
     tokens = tokens.to(device=device, dtype=torch.int64)
@@ -326,7 +332,7 @@ def _check_values(
     explicit_u: bool,
 ) -> None:
     """Value checks, evaluated with one host transfer; see docs/semantics.md (Validation)."""
-    b, k = drafts.shape
+    k = drafts.shape[1]
     v = target.shape[-1]
     checks = ValueChecks()
     checks.add(

@@ -23,7 +23,9 @@ def require_int(name: str, t: torch.Tensor) -> None:
 
 def require_float(name: str, t: torch.Tensor) -> None:
     if not t.is_floating_point():
-        raise TypeError(f"{name} must have a floating dtype (float32/float16/bfloat16), got {t.dtype}")
+        raise TypeError(
+            f"{name} must have a floating dtype (float32/float16/bfloat16), got {t.dtype}"
+        )
 
 
 def require_rank(name: str, t: torch.Tensor, rank: int, layout: str) -> None:
@@ -66,7 +68,9 @@ def _first_bad(mask: torch.Tensor) -> str:
     return f"first at index {idx}"
 
 
-def check_ids(checks: ValueChecks, name: str, ids: torch.Tensor, used: torch.Tensor, vocab: int) -> None:
+def check_ids(
+    checks: ValueChecks, name: str, ids: torch.Tensor, used: torch.Tensor, vocab: int
+) -> None:
     """Ids at ``used`` positions must lie in ``[0, vocab)``."""
     bad = used & ((ids < 0) | (ids >= vocab))
     checks.add(
@@ -76,7 +80,9 @@ def check_ids(checks: ValueChecks, name: str, ids: torch.Tensor, used: torch.Ten
     )
 
 
-def check_logits(checks: ValueChecks, name: str, logits: torch.Tensor, used_rows: torch.Tensor) -> None:
+def check_logits(
+    checks: ValueChecks, name: str, logits: torch.Tensor, used_rows: torch.Tensor
+) -> None:
     """No NaN or +inf; at least one finite logit per used row."""
     bad_value = (torch.isnan(logits) | torch.isposinf(logits)).any(-1) & used_rows
     checks.add(bad_value.any(), lambda: f"{name} contains NaN or +inf ({_first_bad(bad_value)})")
@@ -84,7 +90,9 @@ def check_logits(checks: ValueChecks, name: str, logits: torch.Tensor, used_rows
     checks.add(no_finite.any(), lambda: f"{name} has a row of only -inf ({_first_bad(no_finite)})")
 
 
-def check_probs(checks: ValueChecks, name: str, probs: torch.Tensor, used_rows: torch.Tensor) -> None:
+def check_probs(
+    checks: ValueChecks, name: str, probs: torch.Tensor, used_rows: torch.Tensor
+) -> None:
     """Finite, non-negative rows summing to 1 within the dtype's tolerance."""
     atol = PROB_SUM_ATOL_HALF if probs.dtype in _HALF else PROB_SUM_ATOL
     bad_value = (~torch.isfinite(probs) | (probs < 0)).any(-1) & used_rows

@@ -34,10 +34,13 @@ class CheckResult:
     skipped: bool = False
 
 
+CheckFn = Callable[[str, bool], CheckResult]
+
+
 @dataclass(frozen=True)
 class Check:
     name: str
-    fn: Callable[[str, bool], CheckResult]
+    fn: CheckFn
     quick: bool  # runs under --quick
     description: str
 
@@ -45,10 +48,10 @@ class Check:
 _CHECKS: dict[str, Check] = {}
 
 
-def check(name: str, *, quick: bool = True) -> Callable[[Callable[[str, bool], CheckResult]], Callable[[str, bool], CheckResult]]:
+def check(name: str, *, quick: bool = True) -> Callable[[CheckFn], CheckFn]:
     """Register ``fn(backend, quick) -> CheckResult`` as the conformance check ``name``."""
 
-    def register(fn: Callable[[str, bool], CheckResult]) -> Callable[[str, bool], CheckResult]:
+    def register(fn: CheckFn) -> CheckFn:
         if name in _CHECKS and _CHECKS[name].fn is not fn:
             raise ValueError(f"conformance check {name!r} registered twice")
         _CHECKS[name] = Check(name, fn, quick, (fn.__doc__ or "").strip().split("\n")[0])
