@@ -6,6 +6,8 @@
 """
 
 from portable_verify.core.api import verify
+from portable_verify.core.metrics import MetricsAccumulator, compute_metrics, metrics_to_python
+from portable_verify.core.ragged import verify_ragged
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs, VerifyResult
 from portable_verify.dispatch import (
     available_backends,
@@ -16,12 +18,16 @@ from portable_verify.dispatch import (
 
 __all__ = [
     "PLACEHOLDER_TOKEN_ID",
+    "MetricsAccumulator",
     "VerifyInputs",
     "VerifyResult",
     "available_backends",
     "backend_status",
+    "compute_metrics",
     "get_backend",
+    "metrics_to_python",
     "register_backend",
     "verify",
+    "verify_ragged",
 ]
 __version__ = "0.1.0"
