@@ -200,7 +200,7 @@ def _temperature_vector(
     """float32 ``[B]`` temperatures, plus host-known ``(all_greedy, none_greedy)``."""
     if method == "greedy":
         return torch.zeros(b, dtype=torch.float32, device=device), True, False
-    if temperature is None or isinstance(temperature, (int, float)):
+    if temperature is None or isinstance(temperature, (int, float, np.integer, np.floating)):
         t = 1.0 if temperature is None else float(temperature)
         if validate and not t >= 0:
             raise ValueError(f"temperature must be >= 0 and not NaN, got {t}")
@@ -242,6 +242,7 @@ def _uniforms(
             require_rank("seed", seeds, 1, "[B]")
             if seeds.shape[0] != b:
                 raise ValueError(f"seed has {seeds.shape[0]} entries, expected B = {b}")
+            require_same_device({"seed": seeds, "target": torch.empty(0, device=device)})
         seeds = seeds.to(device=device, dtype=torch.int64)
     if seed_offset is None or isinstance(seed_offset, (int, np.integer)):
         offsets = torch.full((b,), int(seed_offset or 0), dtype=torch.int64, device=device)
@@ -250,6 +251,9 @@ def _uniforms(
         if validate:
             require_int("seed_offset", offsets)
             require_rank("seed_offset", offsets, 1, "[B]")
+            if offsets.shape[0] != b:
+                raise ValueError(f"seed_offset has {offsets.shape[0]} entries, expected B = {b}")
+            require_same_device({"seed_offset": offsets, "target": torch.empty(0, device=device)})
         offsets = offsets.to(device=device, dtype=torch.int64)
     return rng.uniforms_torch(seeds, offsets, k + 1)
 
