@@ -26,9 +26,9 @@ def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
 
 
 def inverse_cdf_draw(weights: np.ndarray, v: float) -> int:
-    """Smallest ``t`` with ``cumsum(w)[t] >= v * cumsum(w)[-1]``; ``v`` in (0, 1]."""
-    c = np.cumsum(weights.astype(np.float32), dtype=np.float32)
-    threshold = np.float32(v) * c[-1]
+    """Smallest ``t`` with ``cumsum(w)[t] >= v * cumsum(w)[-1]``, accumulated in float64."""
+    c = np.cumsum(weights.astype(np.float32), dtype=np.float64)
+    threshold = np.float64(np.float32(v)) * c[-1]
     # The clamp only matters for NaN weights (validate=False): ids stay in [0, V).
     return min(int(np.searchsorted(c, threshold, side="left")), len(c) - 1)
 

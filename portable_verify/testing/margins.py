@@ -89,9 +89,9 @@ def _argmax_ambiguous(p: np.ndarray, rtol: float) -> bool:
 
 def _draw_ambiguous(w: np.ndarray, v: float, abs_err: float) -> bool:
     """The inverse-CDF pick would change if the cumsum moved by ``abs_err``."""
-    c = np.cumsum(w.astype(np.float32), dtype=np.float32).astype(np.float64)
+    c = np.cumsum(w.astype(np.float32), dtype=np.float64)
     threshold = v * c[-1]
-    bound = abs_err + 4 * len(w) * _EPS32 * c[-1]  # summation order
+    bound = abs_err + 4 * len(w) * _EPS32 * c[-1]  # summation order (float32 backends too)
     return bool((np.abs(c - threshold) <= bound).any())
 
 

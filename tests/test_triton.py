@@ -1,0 +1,338 @@
+"""The Triton kernels (run by Triton's interpreter on CPU tensors) agree exactly with the numpy
+reference, and the GPU backends explain themselves on a machine without a GPU.
+
+The kernels are the ones the ``cuda``/``xpu`` backends launch; ``bench/gpu_check.py`` runs the
+same cases on a real GPU. Shapes stay small: the interpreter costs ~0.1-0.5 s per call.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+
+import pytest
+import torch
+
+import portable_verify as pv
+
+triton = pytest.importorskip("triton")
+DEVICE = os.environ.get("PORTABLE_VERIFY_TEST_DEVICE", "cpu")  # gpu_check.py sets "cuda"
+BACKEND = {"cpu": "triton"}.get(DEVICE, DEVICE)
+
+
+def _random_case(g: torch.Generator, b: int, k: int, v: int) -> dict:
+    """Mixed greedy/sampled rows, ragged drafts, -inf logits, zero probabilities, and drafts
+    that often equal the target's argmax so that accepted prefixes of every length occur."""
+    logits = torch.randn(b, k + 1, v, generator=g) * 2
+    logits[torch.rand(b, k + 1, v, generator=g) < 0.1] = float("-inf")
+    logits[..., 0] = logits[..., 0].clamp(min=-5.0)  # at least one finite logit per row
+    drafts = torch.randint(0, v, (b, k), generator=g)
+    agree = torch.rand(b, k, generator=g) < 0.6
+    drafts = torch.where(agree, logits[:, :k].argmax(-1), drafts)
+    n = torch.randint(0, k + 1, (b,), generator=g)
+    temp = (torch.rand(b, generator=g) * 1.5 + 0.25) * (torch.rand(b, generator=g) > 0.3)
+    probs = torch.softmax(logits, -1)
+    q = torch.softmax(torch.randn(b, k, v, generator=g) * 2, -1)
+    q[torch.rand(b, k, v, generator=g) < 0.15] = 0.0
+    q = q / q.sum(-1, keepdim=True).clamp(min=1e-30)
+    q[q.sum(-1) == 0] = 1.0 / v
+    return dict(logits=logits, probs=probs, q=q, drafts=drafts, n=n, temp=temp)
+
+
+def _check(drafts: torch.Tensor, **kw) -> pv.VerifyResult:
+    """Run the reference and the kernels; assert identical outputs; return the kernels' result."""
+    want = pv.verify(drafts, backend="numpy", **kw)
+    moved = {key: (x.to(DEVICE) if isinstance(x, torch.Tensor) else x) for key, x in kw.items()}
+    got = pv.verify(drafts.to(DEVICE), backend=BACKEND, **moved)
+    assert got.token_ids.device.type == DEVICE
+    assert torch.equal(want.token_ids, got.token_ids.cpu()), (want.token_ids, got.token_ids)
+    assert torch.equal(want.num_accepted, got.num_accepted.cpu())
+    return got
+
+
+TARGETS = ["logits", "probs", "logits+q", "probs+q"]
+
+
+def _target_kwargs(case: dict, target: str) -> dict:
+    kw: dict = {}
+    if target.startswith("logits"):
+        kw.update(target_logits=case["logits"], temperature=case["temp"])
+    else:
+        kw.update(target_probs=case["probs"], temperature=(case["temp"] > 0).float())
+    if target.endswith("+q"):
+        kw["draft_probs"] = case["q"]
+    return kw
+
+
+@pytest.mark.parametrize("method", ["greedy", "rejection", "typical"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_random_cases_match_reference(method: str, target: str) -> None:
+    g = torch.Generator().manual_seed(zlib.crc32(f"{method}/{target}".encode()))
+    accepted_lengths: set[int] = set()
+    for trial, (b, k, v) in enumerate([(6, 3, 37), (5, 4, 64), (3, 2, 1000)]):
+        case = _random_case(g, b, k, v)
+        kw = _target_kwargs(case, target)
+        got = _check(case["drafts"], num_draft_tokens=case["n"], method=method,
+                     seed=torch.arange(b) + 100 * trial, **kw)
+        accepted_lengths.update(got.num_accepted.cpu().tolist())
+    assert len(accepted_lengths) >= 2  # the cases exercise both rejections and acceptances
+
+
+@pytest.mark.parametrize("method", ["rejection", "typical"])
+def test_explicit_uniforms_cover_the_accept_boundary(method: str) -> None:
+    g = torch.Generator().manual_seed(7)
+    case = _random_case(g, 8, 4, 48)
+    u = torch.rand(8, 5, generator=g).clamp(min=2**-24)
+    u[0] = 1.0  # largest allowed uniform: accept iff q(x) <= p(x); draw threshold = total
+    u[1] = 2**-24  # smallest: almost always accept; draw picks the first positive weight
+    for target in ("logits+q", "probs"):
+        _check(case["drafts"], num_draft_tokens=case["n"], method=method, uniforms=u,
+               **_target_kwargs(case, target))
+
+
+def test_integer_and_none_seed_forms() -> None:
+    g = torch.Generator().manual_seed(11)
+    case = _random_case(g, 4, 3, 20)
+    _check(case["drafts"], target_logits=case["logits"], seed=12345, seed_offset=3)
+    if DEVICE != "cpu":
+        return  # seed=None draws seeds from the device's generator, which differs from the CPU's
+    torch.manual_seed(0)
+    a = pv.verify(case["drafts"].to(DEVICE), target_logits=case["logits"].to(DEVICE),
+                  backend=BACKEND)
+    torch.manual_seed(0)
+    b = pv.verify(case["drafts"], target_logits=case["logits"], backend="numpy")
+    assert torch.equal(a.token_ids.cpu(), b.token_ids)  # seed=None: torch's generator decides
+
+
+def test_ties_resolve_to_the_lowest_index() -> None:
+    v = 12
+    logits = torch.zeros(3, 3, v)
+    logits[:, :, [3, 7, 9]] = 4.0  # three-way tie for the maximum in every row
+    drafts = torch.tensor([[3, 7], [7, 3], [3, 3]])
+    got = _check(drafts, target_logits=logits, method="greedy")
+    assert got.token_ids.cpu().tolist() == [[3, 3, -1], [3, -1, -1], [3, 3, 3]]
+    # Typical: a draft below the threshold is rejected and the recovered token is the first max.
+    typical = _check(torch.tensor([[0, 0], [3, 0], [1, 1]]), target_logits=logits,
+                     method="typical", typical_eps=0.5, typical_alpha=1.0, seed=1)
+    assert typical.token_ids.cpu()[:, 0].tolist() == [3, 3, 3]
+
+
+def test_rejection_edge_rules() -> None:
+    v = 6
+    p = torch.tensor([0.0, 0.5, 0.25, 0.25, 0.0, 0.0])
+    q_same = p.clone()
+    q_zero_at_x = torch.tensor([0.5, 0.0, 0.25, 0.25, 0.0, 0.0])
+    probs = p.expand(4, 2, v).clone()
+    draft_q = torch.stack([q_same, q_same, q_zero_at_x, q_same]).unsqueeze(1).clone()
+    drafts = torch.tensor([[0], [4], [1], [2]])
+    u = torch.ones(4, 2)
+    got = _check(drafts, target_probs=probs, draft_probs=draft_q, uniforms=u)
+    tokens = got.token_ids.cpu()
+    # p(x)=0=q(x): rejected; the residual is empty, so the draw comes from p (never 0, 4 or 5).
+    assert got.num_accepted.cpu().tolist() == [0, 0, 1, 1]
+    assert tokens[0, 0].item() in (1, 2, 3) and tokens[1, 0].item() in (1, 2, 3)
+    # q(x)=0<p(x): accepted; p == q: accepted with u=1 (u*q <= p).
+    assert tokens[2, 0].item() == 1 and tokens[3, 0].item() == 2
+
+
+def test_degenerate_shapes() -> None:
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 1, 9, generator=g)
+    empty = torch.zeros(3, 0, dtype=torch.int64)
+    for method in ("greedy", "rejection", "typical"):  # K = 0
+        got = _check(empty, target_logits=logits, method=method, seed=5)
+        assert got.token_ids.shape == (3, 1)
+    one = torch.zeros(4, 3, 1)  # V = 1: every argmax and every draw is token 0
+    got = _check(torch.zeros(4, 2, dtype=torch.int64), target_logits=one, seed=2,
+                 num_draft_tokens=torch.tensor([0, 1, 2, 2]))
+    assert got.token_ids.cpu().tolist() == [[0, -1, -1], [0, 0, -1], [0, 0, 0], [0, 0, 0]]
+    got = _check(torch.zeros(0, 2, dtype=torch.int64), target_logits=torch.zeros(0, 3, 5),
+                 method="rejection", seed=1)
+    assert got.token_ids.shape == (0, 3) and got.num_accepted.shape == (0,)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs(dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(5)
+    case = _random_case(g, 5, 3, 40)
+    _check(case["drafts"], target_logits=case["logits"].to(dtype), temperature=case["temp"],
+           draft_probs=case["q"].to(dtype), num_draft_tokens=case["n"], seed=9)
+
+
+def test_ragged_layout() -> None:
+    g = torch.Generator().manual_seed(9)
+    counts = torch.tensor([2, 0, 3])
+    v = 30
+    logits = torch.randn(int(counts.sum()) + 3, v, generator=g)
+    drafts = torch.randint(0, v, (int(counts.sum()),), generator=g)
+    kw = dict(num_draft_tokens=counts, target_logits=logits, temperature=torch.tensor(
+        [0.0, 1.0, 0.7]), seed=torch.tensor([1, 2, 3]))
+    want = pv.verify_ragged(drafts, backend="numpy", **kw)
+    moved = {key: x.to(DEVICE) for key, x in kw.items()}
+    got = pv.verify_ragged(drafts.to(DEVICE), backend=BACKEND, **moved)
+    assert torch.equal(want.token_ids, got.token_ids.cpu())
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # NaN inputs, on purpose
+def test_garbage_without_validation_still_emits_valid_ids() -> None:
+    logits = torch.randn(3, 3, 10)
+    logits[0, 0, 4] = float("nan")
+    logits[1] = float("nan")
+    drafts = torch.tensor([[4, 99], [-3, 2], [1, 2]])
+    got = pv.verify(drafts.to(DEVICE), target_logits=logits.to(DEVICE), seed=1,
+                    backend=BACKEND, validate=False)
+    tokens = got.token_ids.cpu()
+    emitted = tokens[tokens != pv.PLACEHOLDER_TOKEN_ID]
+    assert ((emitted >= 0) & (emitted < 10)).all()
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="interpreter isolation is checked on CPU runs")
+def test_interpreter_leaves_compiled_triton_untouched() -> None:
+    """The interpreter is private to the ``triton`` backend: no env var, stdlib restored."""
+    from triton.runtime.jit import JITFunction
+
+    before = os.environ.get("TRITON_INTERPRET")
+    _check(torch.tensor([[1]]), target_logits=torch.randn(1, 2, 4), method="typical", seed=0)
+    assert os.environ.get("TRITON_INTERPRET") == before
+    import triton.language as tl
+
+    assert isinstance(tl.max, JITFunction) and isinstance(tl.standard._sum_combine, JITFunction)
+    from portable_verify.backends import triton_kernels
+
+    assert isinstance(triton_kernels._decide_kernel, JITFunction)
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="describes a machine without GPUs")
+def test_gpu_backends_explain_why_they_cannot_run_here() -> None:
+    status = pv.backend_status()
+    assert status["triton"].available and "interpreter" in status["triton"].reason
+    if not torch.cuda.is_available():
+        assert not status["cuda"].available
+        assert "torch.cuda.is_available() is False" in status["cuda"].reason
+        with pytest.raises(RuntimeError, match=r"torch\.cuda\.is_available"):
+            pv.verify(torch.tensor([[1]]), target_logits=torch.randn(1, 2, 4), backend="cuda")
+    if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
+        assert not status["xpu"].available
+        assert "torch.xpu.is_available() is False" in status["xpu"].reason
+        assert "intel-extension-for-pytorch" in status["xpu"].reason
+
+
+def test_triton_backend_refuses_gpu_tensors_clearly() -> None:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA tensor")
+    with pytest.raises(ValueError, match="interpreter"):
+        pv.verify(torch.tensor([[1]], device="cuda"),
+                  target_logits=torch.randn(1, 2, 4, device="cuda"), backend="triton")
+
+
+def test_gpu_backend_without_triton_falls_back_to_torch_and_says_so_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Pretend CUDA is present on this CPU machine: Triton has no active driver here, so the
+    ``cuda`` backend must run the torch code (same answers) and warn exactly once."""
+    from portable_verify.backends import accel_common, cuda
+
+    if accel_common.triton_plan("cuda").use_triton:
+        pytest.skip("Triton can drive this machine's GPU; the fallback is not taken")
+    monkeypatch.setattr(cuda, "torch_device_available", lambda device_type: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "pretend GPU")
+    status = pv.backend_status()["cuda"]
+    assert status.available and "torch backend instead" in status.reason
+    accel_common.warn_fallback_once.cache_clear()
+    g = torch.Generator().manual_seed(21)
+    case = _random_case(g, 4, 3, 16)
+    kw = dict(target_logits=case["logits"], temperature=case["temp"], seed=3)
+    with caplog.at_level("WARNING", logger="portable_verify"):
+        for _ in range(2):
+            got = pv.verify(case["drafts"], backend="cuda", **kw)
+            want = pv.verify(case["drafts"], backend="numpy", **kw)
+            assert torch.equal(got.token_ids, want.token_ids)
+    warnings = [r for r in caplog.records if "torch backend instead" in r.getMessage()]
+    assert len(warnings) == 1
+
+
+_INT64_POINTERS = {"rows_ptr", "counts_ptr", "drafts_ptr", "qrows_ptr", "tokens_ptr",
+                   "accepted_ptr"}
+
+
+def _signature(kernel, target_dtype: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """Triton argument types as ``verify_triton`` passes them (scalars i32 except the floats)."""
+    sig = {}
+    for param in kernel.params:
+        name = param.name
+        if param.is_constexpr:
+            sig[name] = "constexpr"
+        elif name in _INT64_POINTERS:
+            sig[name] = "*i64"
+        elif name == "argmax_ptr":
+            sig[name] = "*i32"
+        elif name in ("target_ptr", "q_ptr"):
+            sig[name] = f"*{target_dtype}"
+        elif name.endswith("_ptr"):
+            sig[name] = "*fp32"
+        else:
+            sig[name] = "fp32" if name in ("eps", "alpha") else "i32"
+    return sig
+
+
+_COMPILE_CASES = [
+    ("cuda", 90, 32, "_row_stats_kernel", "bf16",
+     dict(IS_LOGITS=True, NEED_ARGMAX=True, NEED_SOFTMAX=True, NEED_ENTROPY=True, BLOCK=4096)),
+    ("cuda", 90, 32, "_decide_kernel", "fp32",
+     dict(IS_LOGITS=True, HAS_Q=True, HAS_U=True, HAS_GREEDY=True, TYPICAL=False, BLOCK=2048,
+          KB=8)),
+    ("cuda", 80, 32, "_decide_kernel", "fp16",
+     dict(IS_LOGITS=False, HAS_Q=False, HAS_U=True, HAS_GREEDY=True, TYPICAL=True, BLOCK=2048,
+          KB=2)),
+    ("hip", "gfx942", 64, "_decide_kernel", "fp32",
+     dict(IS_LOGITS=True, HAS_Q=False, HAS_U=False, HAS_GREEDY=True, TYPICAL=False, BLOCK=2048,
+          KB=4)),
+]
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the GPU run compiles for real")
+@pytest.mark.parametrize("case", _COMPILE_CASES, ids=lambda c: f"{c[0]}{c[1]}-{c[3]}")
+def test_kernels_compile_for_gpus_without_a_gpu(case: tuple) -> None:
+    """The interpreter is not the compiler: compile ahead of time (to cubin / hsaco) for real
+    GPU targets, so a construct only the interpreter accepts fails here, not on a GPU."""
+    from triton.backends import backends
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from portable_verify.backends import triton_kernels
+
+    backend, arch, warp, name, dtype, constexprs = case
+    if {"cuda": "nvidia", "hip": "amd"}[backend] not in backends:
+        pytest.skip(f"this Triton build has no {backend} compiler")
+    kernel = getattr(triton_kernels, name)
+    source = ASTSource(kernel, _signature(kernel, dtype), constexprs=constexprs)
+    compiled = triton.compile(source, target=GPUTarget(backend, arch, warp),
+                              options={"num_warps": 4, "enable_fp_fusion": False})
+    assert compiled.asm.get("cubin" if backend == "cuda" else "hsaco")
+
+
+def test_ipex_is_optional_and_its_failure_is_reported(monkeypatch: pytest.MonkeyPatch) -> None:
+    """IPEX installed but broken beside this torch: the XPU reason says so; nothing raises."""
+    import importlib
+    import importlib.util
+
+    from portable_verify.backends import xpu
+
+    real_find_spec, real_import = importlib.util.find_spec, importlib.import_module
+
+    def find_spec(name: str, *args):  # type: ignore[no-untyped-def]
+        return object() if name == xpu.IPEX_MODULE else real_find_spec(name, *args)
+
+    def import_module(name: str, *args):  # type: ignore[no-untyped-def]
+        if name == xpu.IPEX_MODULE:
+            raise ImportError("built for torch 2.8")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    monkeypatch.setattr(importlib, "import_module", import_module)
+    xpu.ipex_status.cache_clear()
+    try:
+        reason = xpu.XpuBackend().availability().reason
+    finally:
+        xpu.ipex_status.cache_clear()
+    assert "cannot be imported beside torch" in reason and "built for torch 2.8" in reason
