@@ -259,8 +259,9 @@ def _decide_kernel(
                 qrow_a = tl.load(qrows_ptr + b * K + a, mask=rejected, other=0)
                 qbase = q_ptr + qrow_a * q_stride
             q_len = tl.where(rejected, V, 0)  # q is read only at a rejection
-            total_r = zero
-            total_p = zero
+            # Prefix sums accumulate in float64 (docs/semantics.md, inverse-CDF draw).
+            total_r = zero.to(tl.float64)
+            total_p = zero.to(tl.float64)
             for start in range(0, V, BLOCK):
                 offs = start + lane
                 p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
@@ -270,14 +271,15 @@ def _decide_kernel(
                 else:
                     q = tl.where(offs == x_a, 1.0, 0.0)
                 r = tl.where(rejected, tl.maximum(p - q, 0.0), 0.0)
-                total_r += _last_of_cumsum(r, BLOCK)
-                total_p += _last_of_cumsum(p, BLOCK)
+                total_r += _last_of_cumsum(r.to(tl.float64), BLOCK)
+                total_p += _last_of_cumsum(p.to(tl.float64), BLOCK)
             use_r = rejected & (total_r > 0)
             q_len = tl.where(use_r, V, 0)
-            threshold = tl.load(u_ptr + b * K1 + K) * tl.where(use_r, total_r, total_p)
+            v_draw = tl.load(u_ptr + b * K1 + K).to(tl.float64)
+            threshold = v_draw * tl.where(use_r, total_r, total_p)
             # Smallest t with cumsum[t] >= threshold and w[t] > 0; the w > 0 guard and the
             # last-positive fallback keep the pick valid whatever the scan's rounding.
-            carry = zero
+            carry = zero.to(tl.float64)
             pick = tl.min(tl.full([BLOCK], -1, tl.int32), 0)
             last_pos = pick * 0
             start = pick * 0
@@ -290,13 +292,13 @@ def _decide_kernel(
                 else:
                     q = tl.where(offs == x_a, 1.0, 0.0)
                 wgt = tl.where(use_r, tl.maximum(p - q, 0.0), p)
-                c = carry + tl.cumsum(wgt, 0)
+                c = carry + tl.cumsum(wgt.to(tl.float64), 0)
                 positive = wgt > 0
                 hit = positive & (c >= threshold)
                 first = tl.min(tl.where(hit, offs, V), 0)
                 pick = tl.where(first < V, first, pick)
                 last_pos = tl.maximum(last_pos, tl.max(tl.where(positive, offs, 0), 0))
-                carry += _last_of_cumsum(wgt, BLOCK)
+                carry += _last_of_cumsum(wgt.to(tl.float64), BLOCK)
                 start += BLOCK
             final = tl.where(pick >= 0, pick, last_pos).to(final.dtype)
 
