@@ -1,0 +1,211 @@
+"""OpenVINO backend: the verification rules as compiled OpenVINO graphs on CPU, GPU or NPU.
+
+``backend="openvino"`` runs on the CPU plugin; ``"openvino:GPU"``, ``"openvino:NPU"`` (or any
+name in ``openvino.Core().available_devices``) pick another device. Each graph variant is
+compiled once per backend instance, with dynamic shapes, and keeps one infer request, so many
+small calls pay only the inference itself. The graphs live in :mod:`.openvino_graphs`.
+
+``openvino`` is imported lazily: importing this module never fails, and ``availability()``
+says why the backend cannot run when the package is missing or the device is absent.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from portable_verify.backends.base import Availability, Backend
+from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
+
+DEFAULT_DEVICE = "CPU"
+ENV_THREADS = "PORTABLE_VERIFY_OPENVINO_THREADS"
+_PREFERRED_BLOCK = 256  # smallest argmax block worth its ReduceMax pass (see openvino_graphs)
+
+
+@functools.lru_cache(maxsize=64)
+def argmax_block(vocab: int) -> int:
+    """The argmax block size for ``vocab``: its smallest divisor >= 256 (or ``vocab``).
+
+    Blocks narrower than ~256 make the blocked ReduceMax slow; wider ones only grow the
+    ``[R, block]`` second stage. A prime vocabulary gets one block: correct, but that stage then
+    reads whole rows.
+    """
+    divisors = set()
+    for d in range(1, math.isqrt(vocab) + 1):
+        if vocab % d == 0:
+            divisors.update((d, vocab // d))
+    return min(d for d in divisors if d >= min(vocab, _PREFERRED_BLOCK))
+
+
+class OpenVINOBackend(Backend):
+    """Verification as OpenVINO graphs; compiled per (variant, device) and cached."""
+
+    name = "openvino"
+    description = "OpenVINO runtime graphs (CPU by default; openvino:GPU, openvino:NPU)"
+    array_kind = "numpy"
+
+    def __init__(self, device: str | None = None, *, num_threads: int | None = None) -> None:
+        """``num_threads`` (default: ``$PORTABLE_VERIFY_OPENVINO_THREADS``, else OpenVINO's own
+        choice) sets ``INFERENCE_NUM_THREADS`` where the device supports it."""
+        self.device = (device or DEFAULT_DEVICE).upper()
+        if num_threads is not None and num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+        self._config_error = ""  # reported by availability(): `info` must not crash on it
+        env = os.environ.get(ENV_THREADS, "").strip()
+        if num_threads is None and env:
+            if env.isdigit() and int(env) >= 1:
+                num_threads = int(env)
+            else:
+                self._config_error = f"${ENV_THREADS} must be an integer >= 1, got {env!r}"
+        self.num_threads = num_threads
+        self._core: Any = None
+        self._compiled: dict[Any, Any] = {}
+        self._requests: dict[Any, Any] = {}
+        self._lock = threading.Lock()
+        self._availability: Availability | None = None
+
+    def availability(self) -> Availability:
+        """Cached: dispatch asks on every call, and listing devices costs ~0.5 ms."""
+        if self._availability is None:
+            self._availability = self._check_availability()
+        return self._availability
+
+    def _check_availability(self) -> Availability:
+        if self._config_error:
+            return Availability(False, self._config_error)
+        try:
+            import openvino as ov
+        except ImportError as exc:
+            return Availability(False, f"openvino is not installed ({exc}); pip install openvino")
+        try:
+            devices = self._available_devices()
+        except Exception as exc:  # a broken plugin must not break `info`
+            return Availability(False, f"openvino {ov.__version__} cannot list devices: {exc}")
+        if not _device_present(self.device, devices):
+            return Availability(
+                False,
+                f"OpenVINO device {self.device!r} is not available; available devices: {devices}",
+            )
+        return Availability(True, f"openvino {ov.__version__} on {self.device}")
+
+    def _available_devices(self) -> list[str]:
+        return list(self._get_core().available_devices)
+
+    def _get_core(self) -> Any:
+        if self._core is None:
+            import openvino as ov
+
+            self._core = ov.Core()
+        return self._core
+
+    def compiled_model(self, variant: Any) -> Any:
+        """The compiled model of ``variant`` (an ``openvino_graphs.Variant``), built once."""
+        model = self._compiled.get(variant)
+        if model is None:
+            from portable_verify.backends import openvino_graphs
+
+            devices = self._available_devices()
+            if not _device_present(self.device, devices):
+                raise RuntimeError(
+                    f"OpenVINO device {self.device!r} is not available; "
+                    f"available devices: {devices}"
+                )
+            core = self._get_core()
+            model = core.compile_model(
+                openvino_graphs.build(variant), self.device, self._compile_config()
+            )
+            self._compiled[variant] = model
+            self._requests[variant] = model.create_infer_request()
+        return model
+
+    def _compile_config(self) -> dict[str, Any]:
+        """f32 precision (the CPU plugin would pick bf16 on AVX-512 BF16 parts), latency hint,
+        and no CPU pinning: a pinned call cannot migrate off a busy core, which on a shared host
+        tripled the median latency (docs/backends.md)."""
+        supported = set(self._get_core().get_property(self.device, "SUPPORTED_PROPERTIES"))
+        wanted: dict[str, Any] = {
+            "INFERENCE_PRECISION_HINT": "f32",
+            "PERFORMANCE_HINT": "LATENCY",
+            "ENABLE_CPU_PINNING": False,
+        }
+        if self.num_threads is not None:
+            wanted["INFERENCE_NUM_THREADS"] = int(self.num_threads)
+        return {key: value for key, value in wanted.items() if key in supported}
+
+    def run(self, inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
+        from portable_verify.backends.openvino_graphs import Variant, input_names
+
+        b, k = inputs.batch_size, inputs.num_positions
+        if b == 0:
+            return np.zeros((0, k + 1), np.int64), np.zeros(0, np.int64)
+        arrays = _graph_arrays(inputs)
+        if inputs.all_greedy:
+            variant = Variant("greedy")
+        else:
+            variant = Variant(
+                inputs.sampled_method,
+                is_logits=inputs.target_is_logits,
+                # Typical acceptance never reads the draft distribution.
+                has_draft_probs="draft_probs" in arrays and inputs.sampled_method == "rejection",
+                with_greedy_rows=not inputs.none_greedy,
+            )
+        from openvino import Tensor
+
+        with self._lock:
+            self.compiled_model(variant)
+            request = self._requests[variant]
+            # Every input is shared (zero-copy): copying into the request's own dynamic-shape
+            # buffers measured ~3x slower (docs/backends.md), and mixing shared and copied
+            # inputs on one request is a known CPU-plugin pitfall. Setting the tensors directly
+            # skips ~80 us of the Python `infer(dict)` dispatcher per call.
+            for i, name in enumerate(input_names(variant)):
+                request.set_input_tensor(i, Tensor(arrays[name], shared_memory=True))
+            request.infer()
+            tokens = request.get_output_tensor(0).data.copy()
+            accepted = request.get_output_tensor(1).data.copy()
+        if k == 0:  # undo the host padding of K = 0 to one unused position
+            tokens = np.ascontiguousarray(tokens[:, :1])
+        return tokens, accepted
+
+
+def _device_present(device: str, devices: list[str]) -> bool:
+    """``GPU`` matches ``GPU`` and ``GPU.0``; ``GPU.1`` must be listed itself."""
+    return any(d == device or d.split(".", 1)[0] == device for d in devices)
+
+
+def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:
+    """Contiguous arrays of the graph's dtypes, by input name; ``K = 0`` padded to ``K = 1``.
+
+    The padding (one draft position no row uses, n stays 0) keeps zero-sized dimensions out of
+    the graph; the uniforms keep their draw column last.
+    """
+    drafts = inputs.draft_token_ids
+    rows = inputs.target_rows
+    u = inputs.uniforms
+    k = drafts.shape[1]
+    q = inputs.draft_probs if k > 0 else None  # with K = 0 no draft distribution is read
+    if k == 0:
+        drafts = np.full((drafts.shape[0], 1), PLACEHOLDER_TOKEN_ID, np.int64)
+        rows = np.repeat(rows, 2, axis=1)
+        u = None if u is None else np.repeat(u, 2, axis=1)
+    arrays = {
+        "target": np.ascontiguousarray(inputs.target, np.float32),
+        "target_rows": np.ascontiguousarray(rows, np.int64),
+        "draft_token_ids": np.ascontiguousarray(drafts, np.int64),
+        "num_draft_tokens": np.ascontiguousarray(inputs.num_draft_tokens, np.int64),
+        "block": np.array(argmax_block(int(inputs.target.shape[-1])), np.int64),
+    }
+    if u is not None:
+        arrays["uniforms"] = np.ascontiguousarray(u, np.float32)
+        arrays["temperature"] = np.ascontiguousarray(inputs.temperature, np.float32)
+        arrays["typical_eps"] = np.array(inputs.typical_eps, np.float32)
+        arrays["typical_alpha"] = np.array(inputs.typical_alpha, np.float32)
+    if q is not None:
+        arrays["draft_probs"] = np.ascontiguousarray(q, np.float32)
+        arrays["draft_rows"] = np.ascontiguousarray(inputs.draft_rows, np.int64)
+    return arrays

@@ -1,0 +1,312 @@
+"""The verification rules of docs/semantics.md as OpenVINO graphs (opset API, dynamic shapes).
+
+One graph per variant (greedy; rejection or typical, from logits or probabilities, with or
+without draft probabilities, with or without greedy rows mixed in). B, K, V and the number of
+target rows are dynamic, so one compiled model serves every call of its variant.
+
+Graph inputs, in order (see :func:`input_names`): the flat-rows layout of
+:class:`~portable_verify.core.types.VerifyInputs` plus ``block``, a divisor of V chosen on the
+host: the argmax reads the target as ``[R, V/block, block]`` blocks so that it is one
+``ReduceMax`` pass followed by work on ``[R, V/block]`` and ``[R, block]`` only (a full-row
+``TopK`` or ``Equal``/``Select``/``ReduceMin`` pass alone costs ~3x the whole blocked graph on
+the CPU plugin).
+
+The host guarantees ``B >= 1`` and ``K >= 1`` (it pads ``K = 0`` to one unused position), so no
+tensor in the graph has a zero-sized dimension.
+
+CPU plugin pitfalls avoided here: no ``Slice`` anywhere (a Slice feeding GatherElements is
+mis-compiled; column subsets are taken with ``Gather``), no ``TopK`` and no ``Multinomial``
+(the uniforms are a graph input, so results are reproducible and match every other backend).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+Node = ov.Output | ov.Node
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What a compiled graph computes; the compiled-model cache is keyed by it."""
+
+    kind: Literal["greedy", "rejection", "typical"]
+    is_logits: bool = True
+    has_draft_probs: bool = False
+    with_greedy_rows: bool = False  # some rows have temperature 0 (mixed batch)
+
+
+def input_names(variant: Variant) -> tuple[str, ...]:
+    """Names of the graph inputs, in order; the host feeds arrays in the same order."""
+    names = ["target", "target_rows", "draft_token_ids", "num_draft_tokens", "block"]
+    if variant.kind == "greedy":
+        return tuple(names)
+    names += ["temperature", "uniforms"]
+    if variant.kind == "typical":
+        names += ["typical_eps", "typical_alpha"]
+    if variant.has_draft_probs:
+        names += ["draft_probs", "draft_rows"]
+    return tuple(names)
+
+
+_INPUT_TYPES: dict[str, tuple[list[int], ov.Type]] = {
+    "target": ([-1, -1], ov.Type.f32),
+    "target_rows": ([-1, -1], ov.Type.i64),
+    "draft_token_ids": ([-1, -1], ov.Type.i64),
+    "num_draft_tokens": ([-1], ov.Type.i64),
+    "block": ([], ov.Type.i64),
+    "temperature": ([-1], ov.Type.f32),
+    "uniforms": ([-1, -1], ov.Type.f32),
+    "typical_eps": ([], ov.Type.f32),
+    "typical_alpha": ([], ov.Type.f32),
+    "draft_probs": ([-1, -1], ov.Type.f32),
+    "draft_rows": ([-1, -1], ov.Type.i64),
+}
+
+
+def _i64(value: int | list[int]) -> Node:
+    return ops.constant(np.array(value, dtype=np.int64))
+
+
+def _f32(value: float) -> Node:
+    return ops.constant(np.array(value, dtype=np.float32))
+
+
+def _dim(x: Node, axis: int) -> Node:
+    """Scalar i64 size of ``x`` along ``axis``."""
+    return ops.gather(ops.shape_of(x, "i64"), _i64(axis), _i64(0))
+
+
+def _iota(n: Node) -> Node:
+    """``[0, 1, .., n-1]`` as i64 for a scalar i64 ``n``."""
+    return ops.range(_i64(0), n, _i64(1), "i64")
+
+
+def _col(x: Node) -> Node:
+    """``[N] -> [N, 1]``."""
+    return ops.unsqueeze(x, _i64(1))
+
+
+def _take(x: Node, index: Node) -> Node:
+    """``x[i, index[i]]`` for a 2-D ``x`` and an i64 ``[N]`` index (Gather with batch_dims=1)."""
+    return ops.gather(x, _col(index), _i64(1), 1)
+
+
+def _squeeze_col(x: Node) -> Node:
+    return ops.squeeze(x, _i64([1]))
+
+
+def first_argmax(x: Node, block: Node) -> tuple[Node, Node]:
+    """``(argmax [R] i64, max [R, 1])`` of ``x [R, V]``; ties -> lowest index.
+
+    ``block`` (scalar i64) must divide V. The first block holding the row maximum is found on
+    the small ``[R, V/block]`` block maxima, then the first maximal index inside that block.
+    """
+    rows, vocab = _dim(x, 0), _dim(x, 1)
+    blocks = ops.divide(vocab, block)
+    shape3 = ops.concat([ops.unsqueeze(n, _i64(0)) for n in (rows, blocks, block)], 0)
+    block_max = ops.reduce_max(ops.reshape(x, shape3, False), _i64([2]), False)  # [R, nb]
+    row_max = ops.reduce_max(block_max, _i64([1]), True)  # [R, 1]
+    hit = ops.equal(block_max, row_max)
+    first_block = ops.reduce_min(ops.select(hit, _iota(blocks), blocks), _i64([1]), False)
+    # NaN rows (validate=False) find no block; stay in range rather than read out of bounds.
+    first_block = ops.minimum(first_block, ops.subtract(blocks, _i64(1)))
+    flat_blocks = ops.reshape(x, ops.concat([_i64([-1]), ops.unsqueeze(block, _i64(0))], 0), False)
+    block_rows = ops.add(ops.multiply(_iota(rows), blocks), first_block)
+    chunk = ops.gather(flat_blocks, block_rows, _i64(0))  # [R, block]
+    within = ops.reduce_min(
+        ops.select(ops.equal(chunk, row_max), _iota(block), block), _i64([1]), False
+    )
+    index = ops.add(ops.multiply(first_block, block), within)
+    return ops.minimum(index, ops.subtract(vocab, _i64(1))), row_max
+
+
+def leading_accepted(ok: Node, n: Node) -> Node:
+    """Length of the all-True prefix of ``ok [B, K]`` (K >= 1), capped at ``n``: int64 [B]."""
+    k = _dim(ok, 1)
+    first_fail = ops.select(ok, _col(n), ops.unsqueeze(_iota(k), _i64(0)))
+    return ops.minimum(ops.reduce_min(first_fail, _i64([1]), False), n)
+
+
+DRAW_BLOCK = 256
+"""Block length of the two-level prefix sum in :func:`inverse_cdf_draw`."""
+
+
+def inverse_cdf_draw(weights: Node, v: Node) -> Node:
+    """Per row, the smallest ``t`` with ``cumsum(w)[t] >= v * cumsum(w)[-1]``: int64 [B].
+
+    The CPU plugin runs float64 as float32, and one float32 scan over ``V = 128k`` drifts by
+    ~1e-5 (a fifth of draws would move to a neighbour of the float64 reference pick). So the
+    prefix sum is two-level: an exclusive scan over ``DRAW_BLOCK``-sized block sums plus a scan
+    inside each block, ~500 + 256 additions deep instead of 128k. Counting ``cumsum <
+    threshold`` equals the index because the prefix sums of non-negative weights never decrease.
+    """
+    vocab = _dim(weights, 1)
+    block = _i64(DRAW_BLOCK)
+    n_blocks = ops.divide(ops.add(vocab, _i64(DRAW_BLOCK - 1)), block)  # ceil, int64
+    pad = ops.subtract(ops.multiply(n_blocks, block), vocab)
+    padded = ops.pad(weights, _i64([0, 0]), ops.concat([_i64([0]), ops.unsqueeze(pad, _i64(0))], 0),
+                     "constant", _f32(0.0))  # zeros leave every prefix sum unchanged
+    blocks = ops.reshape(padded, _i64([0, -1, DRAW_BLOCK]), True)  # [B, nb, block]
+    before = ops.cumsum(ops.reduce_sum(blocks, _i64([2]), False), _i64(1), exclusive=True)
+    c = ops.add(ops.cumsum(blocks, _i64(2)), ops.unsqueeze(before, _i64(2)))
+    c = ops.reshape(c, _i64([0, -1]), True)  # [B, nb * block]
+    total = ops.gather(c, ops.subtract(_dim(c, 1), _i64(1)), _i64(1))  # [B]
+    threshold = _col(ops.multiply(v, total))
+    below = ops.reduce_sum(ops.convert(ops.less(c, threshold), "i64"), _i64([1]), False)
+    return ops.minimum(below, ops.subtract(vocab, _i64(1)))  # only NaN rows need the cap
+
+
+def _emit(x: Node, final: Node, accepted: Node) -> Node:
+    """``[B, K+1]``: the accepted drafts, the final token at position ``a``, then -1."""
+    b = _dim(x, 0)
+    pos = ops.unsqueeze(_iota(ops.add(_dim(x, 1), _i64(1))), _i64(0))  # [1, K+1]
+    zero_col = ops.broadcast(_i64(0), ops.concat([ops.unsqueeze(b, _i64(0)), _i64([1])], 0))
+    padded = ops.concat([x, zero_col], 1)
+    a = _col(accepted)
+    out = ops.select(ops.less(pos, a), padded, _col(final))
+    return ops.select(ops.greater(pos, a), _i64(-1), out)
+
+
+def build(variant: Variant) -> ov.Model:
+    """The ``ov.Model`` of ``variant``: outputs ``token_ids [B, K+1]``, ``num_accepted [B]``."""
+    inp: dict[str, Node] = {}
+    for name in input_names(variant):
+        shape, dtype = _INPUT_TYPES[name]
+        inp[name] = ops.parameter(ov.PartialShape(shape), dtype, name=name)
+    target, rows, drafts = inp["target"], inp["target_rows"], inp["draft_token_ids"]
+    vocab, k = _dim(target, 1), _dim(drafts, 1)
+    # Clamped so that unvalidated garbage (validate=False) still gathers in range.
+    n = ops.minimum(ops.maximum(inp["num_draft_tokens"], _i64(0)), k)
+    x = ops.minimum(ops.maximum(drafts, _i64(0)), ops.subtract(vocab, _i64(1)))
+    valid = ops.less(ops.unsqueeze(_iota(k), _i64(0)), _col(n))  # [B, K]
+    draft_cols = _iota(k)
+
+    greedy_a = greedy_final = row_max = None
+    if variant.kind == "greedy" or variant.with_greedy_rows:
+        g_rows, row_max = first_argmax(target, inp["block"])
+        g = ops.gather(g_rows, rows, _i64(0))  # [B, K+1]
+        match = ops.logical_and(ops.equal(drafts, ops.gather(g, draft_cols, _i64(1))), valid)
+        greedy_a = leading_accepted(match, n)
+        greedy_final = _squeeze_col(_take(g, greedy_a))
+    if variant.kind == "greedy":
+        accepted, final = greedy_a, greedy_final
+    else:
+        accepted, final = _sampled(variant, inp, x, n, valid, row_max)
+        if greedy_a is not None:
+            greedy_row = ops.equal(inp["temperature"], _f32(0.0))
+            accepted = ops.select(greedy_row, greedy_a, accepted)
+            final = ops.select(greedy_row, greedy_final, final)
+    tokens = _emit(x, final, accepted)
+    results = [ops.result(tokens, name="token_ids"), ops.result(accepted, name="num_accepted")]
+    return ov.Model(results, list(inp.values()), f"verify_{variant.kind}")
+
+
+def _sampled(
+    variant: Variant,
+    inp: dict[str, Node],
+    x: Node,
+    n: Node,
+    valid: Node,
+    row_max: Node | None,
+) -> tuple[Node, Node]:
+    """Accepted counts and final tokens of the sampled rules (rejection or typical)."""
+    target, rows = inp["target"], inp["target_rows"]
+    u = inp["uniforms"]
+    vocab, k = _dim(target, 1), _dim(x, 1)
+    draft_cols = _iota(k)
+    rows_k = ops.gather(rows, draft_cols, _i64(1))  # [B, K]
+    flat_target_index = ops.add(ops.multiply(rows_k, vocab), x)
+
+    if variant.is_logits:
+        # p = e / s with e = exp(z - max z), z = logits / T, as the numpy reference computes it.
+        # max(z) = max(logits) / T exactly (division by T > 0 rounds monotonically), so the max
+        # pass reads the raw target and the divide/subtract/exp chain fuses into one pass.
+        temp = inp["temperature"]
+        safe_t = ops.select(ops.greater(temp, _f32(0.0)), temp, _f32(1.0))
+        row_t = ops.scatter_nd_update(
+            ops.broadcast(_f32(1.0), ops.unsqueeze(_dim(target, 0), _i64(0))),
+            ops.reshape(rows, _i64([-1, 1]), False),
+            ops.reshape(ops.broadcast(_col(safe_t), ops.shape_of(rows, "i64")), _i64([-1]), False),
+        )
+        t_col = _col(row_t)  # [R, 1]
+        if row_max is None:
+            row_max = ops.reduce_max(target, _i64([1]), True)
+        zm = ops.subtract(ops.divide(target, t_col), ops.divide(row_max, t_col))  # z - max z
+        e = ops.exp(zm)
+        s = ops.reduce_sum(e, _i64([1]), False)  # [R]
+        px = ops.divide(
+            ops.gather(ops.reshape(e, _i64([-1]), False), flat_target_index, _i64(0)),
+            ops.gather(s, rows_k, _i64(0)),
+        )
+
+        def p_rows(r: Node) -> Node:
+            return ops.divide(ops.gather(e, r, _i64(0)), _col(ops.gather(s, r, _i64(0))))
+
+        if variant.kind == "typical":
+            # H = -sum p log p with log p = (z - max z) - log s: the CPU plugin's Log is a slow
+            # reference kernel (~4 ns/element), so only [R] logs are taken here. A -inf logit
+            # has e = 0; clamping z - max z to the lowest float makes its term 0, not NaN.
+            lowest = _f32(float(np.finfo(np.float32).min))
+            e_zm = ops.multiply(e, ops.maximum(zm, lowest))
+            entropy = ops.subtract(
+                ops.log(s), ops.divide(ops.reduce_sum(e_zm, _i64([1]), False), s)
+            )
+    else:
+        px = ops.gather(ops.reshape(target, _i64([-1]), False), flat_target_index, _i64(0))
+
+        def p_rows(r: Node) -> Node:
+            return ops.gather(target, r, _i64(0))
+
+        if variant.kind == "typical":
+            plogp = ops.select(
+                ops.greater(target, _f32(0.0)), ops.multiply(target, ops.log(target)), _f32(0.0)
+            )
+            entropy = ops.negative(ops.reduce_sum(plogp, _i64([1]), False))  # [R]
+
+    if variant.kind == "typical":
+        h = ops.gather(entropy, rows_k, _i64(0))
+        threshold = ops.minimum(
+            inp["typical_eps"], ops.multiply(inp["typical_alpha"], ops.exp(ops.negative(h)))
+        )
+        accept = ops.greater(px, threshold)
+    else:
+        if variant.has_draft_probs:
+            q, q_rows = inp["draft_probs"], inp["draft_rows"]
+            flat_q_index = ops.add(ops.multiply(q_rows, vocab), x)
+            qx = ops.gather(ops.reshape(q, _i64([-1]), False), flat_q_index, _i64(0))
+        else:
+            qx = _f32(1.0)
+        u_k = ops.gather(u, draft_cols, _i64(1))
+        accept = ops.logical_and(
+            ops.greater(px, _f32(0.0)), ops.less_equal(ops.multiply(u_k, qx), px)
+        )
+    accepted = leading_accepted(ops.logical_and(accept, valid), n)
+
+    # One target row per request: where it rejected, or its bonus row.
+    row_a = _squeeze_col(_take(rows, accepted))
+    p_a = p_rows(row_a)  # [B, V]
+    rejected = ops.less(accepted, n)
+    v = ops.gather(u, k, _i64(1))  # column K: the draw uniform, [B]
+    if variant.kind == "typical":
+        recovered, _ = first_argmax(p_a, inp["block"])
+        return accepted, ops.select(rejected, recovered, inverse_cdf_draw(p_a, v))
+
+    a_draft = ops.minimum(accepted, ops.subtract(k, _i64(1)))
+    if variant.has_draft_probs:
+        q_row = _squeeze_col(_take(inp["draft_rows"], a_draft))
+        q_a = ops.gather(inp["draft_probs"], q_row, _i64(0))
+    else:
+        x_a = _take(x, a_draft)  # [B, 1]
+        q_a = ops.convert(ops.equal(ops.unsqueeze(_iota(vocab), _i64(0)), x_a), "f32")
+    residual = ops.maximum(ops.subtract(p_a, q_a), _f32(0.0))
+    non_empty = ops.reduce_logical_or(ops.greater(residual, _f32(0.0)), _i64([1]), True)
+    use_residual = ops.logical_and(_col(rejected), non_empty)
+    weights = ops.select(use_residual, residual, p_a)
+    return accepted, inverse_cdf_draw(weights, v)
+
