@@ -14,6 +14,7 @@ from portable_verify.dispatch import (
     backend_status,
     get_backend,
     register_backend,
+    unregister_backend,
 )
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "get_backend",
     "metrics_to_python",
     "register_backend",
+    "unregister_backend",
     "verify",
     "verify_ragged",
 ]

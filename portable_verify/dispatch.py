@@ -36,6 +36,13 @@ def register_backend(
         del _CACHE[key]
 
 
+def unregister_backend(name: str) -> None:
+    """Remove ``name`` from the registry (test doubles, plugins being unloaded); no-op if absent."""
+    _REGISTRY.pop(name, None)
+    for key in [k for k in _CACHE if k.split(":", 1)[0] == name]:
+        del _CACHE[key]
+
+
 def _lazy(module: str, cls: str) -> Callable[[str | None], Backend]:
     def factory(suffix: str | None) -> Backend:
         backend_cls = getattr(importlib.import_module(module), cls)
@@ -72,6 +79,8 @@ def _instantiate(name: str) -> Backend:
         backend = _REGISTRY[base].factory(suffix or None)
     except ImportError as exc:  # optional dependency missing
         backend = _Unavailable(name, f"import failed: {exc}")
+    except Exception as exc:  # a broken optional wheel must not break backend listing
+        backend = _Unavailable(name, f"failed to load: {type(exc).__name__}: {exc}")
     _CACHE[name] = backend
     return backend
 
@@ -82,8 +91,8 @@ def backend_status() -> dict[str, Availability]:
 
 
 def available_backends() -> list[str]:
-    """Names of the backends that can run on this machine."""
-    return [name for name, status in backend_status().items() if status.available]
+    """Names of the backends that can run on this machine (``_``-prefixed test doubles hidden)."""
+    return [n for n, status in backend_status().items() if status.available and n[0] != "_"]
 
 
 def get_backend(name: str) -> Backend:

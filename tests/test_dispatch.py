@@ -32,15 +32,18 @@ def test_env_override_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     calls = []
 
     class Spy(pv.get_backend("numpy").__class__):
-        name = "spy"
+        name = "_spy"
 
         def run(self, inputs):  # type: ignore[no-untyped-def]
             calls.append(inputs.batch_size)
             return super().run(inputs)
 
-    pv.register_backend("spy", lambda suffix: Spy(), auto=False)
-    monkeypatch.setenv(dispatch.ENV_BACKEND, "spy")
-    pv.verify(torch.tensor([[0]]), target_logits=torch.zeros(1, 2, 3), method="greedy")
+    pv.register_backend("_spy", lambda suffix: Spy(), auto=False)
+    try:
+        monkeypatch.setenv(dispatch.ENV_BACKEND, "_spy")
+        pv.verify(torch.tensor([[0]]), target_logits=torch.zeros(1, 2, 3), method="greedy")
+    finally:
+        pv.unregister_backend("_spy")
     assert calls == [1]
 
 
@@ -57,7 +60,10 @@ def test_unavailable_backend_says_why_and_lists_available() -> None:
             return Availability(False, "needs hardware this machine lacks")
 
     pv.register_backend("never", lambda suffix: Never(), auto=False)
-    with pytest.raises(RuntimeError) as err:
-        pv.verify(torch.tensor([[0]]), target_logits=torch.zeros(1, 2, 3), backend="never")
+    try:
+        with pytest.raises(RuntimeError) as err:
+            pv.verify(torch.tensor([[0]]), target_logits=torch.zeros(1, 2, 3), backend="never")
+    finally:
+        pv.unregister_backend("never")
     message = str(err.value)
     assert "'never'" in message and "lacks" in message and "'cpu'" in message

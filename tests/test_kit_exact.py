@@ -95,8 +95,7 @@ def registered(cls: type) -> Iterator[str]:
     try:
         yield name
     finally:  # never leave a broken backend where test_conformance would find it
-        dispatch._REGISTRY.pop(name, None)
-        dispatch._CACHE.pop(name, None)
+        dispatch.unregister_backend(name)
 
 
 @pytest.mark.parametrize(
