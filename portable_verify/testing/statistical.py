@@ -1,0 +1,239 @@
+"""Statistical conformance checks: emitted tokens must follow the target's law exactly.
+
+Rejection sampling is lossless, so for any draft the sequence a backend emits must be distributed
+as the target's autoregressive law. Each check decodes thousands of independent sequences of a
+toy model through ``portable_verify.verify(..., backend=name)`` (one request per sequence, distinct
+per-request seeds, constant shapes) and runs Pearson chi-square tests against that law. Each
+check also reports its power against the negative controls of :mod:`stats_controls`, computed
+exactly by :mod:`stats_exact`; ``negative_controls_caught`` runs those controls through the same
+checks and sample sizes. Hypotheses, sizes and error rates are documented in docs/testing.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from functools import cache
+
+import numpy as np
+import torch
+
+from portable_verify.testing.kit import CheckResult, check
+from portable_verify.testing.stats_controls import CONTROLS, POSITIVE_CONTROL, controls_registered
+from portable_verify.testing.stats_core import FitResult, chi_square_fit, power_against
+from portable_verify.testing.stats_exact import law_of_view
+from portable_verify.testing.stats_model import (
+    Scenario,
+    observed_counts,
+    simulate,
+    target_law,
+)
+
+ALPHA = 1e-4
+"""False-alarm rate of each check (Bonferroni-split across its views)."""
+
+SMALL_V = 6
+LARGE_V = 4096
+
+
+def _rows(rng: np.random.Generator, concentration: float, rows: int = SMALL_V + 1) -> np.ndarray:
+    return rng.dirichlet(np.full(SMALL_V, concentration), size=rows)
+
+
+def _normalise(t: np.ndarray) -> np.ndarray:
+    return t / t.sum(1, keepdims=True)
+
+
+def _dyadic(t: np.ndarray, bits: int = 10) -> np.ndarray:
+    """Rows rounded to multiples of ``2**-bits`` that sum to exactly 1 (exact in float16)."""
+    scale = 2**bits
+    counts = np.floor(t * scale)
+    short = (scale - counts.sum(1)).astype(np.int64)
+    counts[np.arange(len(t)), np.argmax(t, 1)] += short
+    return counts / scale
+
+
+def _zipf_rows(rng: np.random.Generator, rows: int, exponent: float) -> np.ndarray:
+    ranks = np.arange(1, LARGE_V + 1, dtype=np.float64) ** -exponent
+    return _normalise(np.stack([ranks[rng.permutation(LARGE_V)] for _ in range(rows)]))
+
+
+def _scenarios() -> dict[str, Scenario]:
+    """Every statistical setting; tables come from fixed seeds so every run sees the same ones."""
+    g = np.random.default_rng(20240601)
+    p, q = _rows(g, 1.0), _rows(g, 0.5)
+    far = _normalise((p.max(1, keepdims=True) - p + 1e-3) ** 4)
+    q_zeros = q.copy()
+    q_zeros[:, :2] = 0.0  # the draft never proposes tokens 0, 1; the target gives them mass
+    p_zeros = p.copy()
+    p_zeros[:, 4:] = 0.0  # the target forbids tokens 4, 5; the draft proposes them
+    peaked = _normalise(np.eye(SMALL_V)[g.integers(0, SMALL_V, SMALL_V + 1)] * 30 + _rows(g, 1.0))
+    flat = np.full((SMALL_V + 1, SMALL_V), 1.0 / SMALL_V)
+    logits = g.normal(0.0, 1.5, size=(SMALL_V + 1, SMALL_V))
+    zipf_p = _zipf_rows(g, 2, 1.1)
+    zipf_q = _zipf_rows(g, 2, 1.0)
+    markov = {"kind": "markov"}
+    cases = [
+        Scenario("sequence_joint", target=p, proposal=q, **markov),
+        Scenario("draft_equals_target", target=p, proposal=p, num_drafts=3, ragged=False, **markov),
+        Scenario("draft_far_from_target", target=p, proposal=far, **markov),
+        Scenario("draft_zeros_where_target_has_mass", target=p, proposal=_normalise(q_zeros),
+                 **markov),
+        Scenario("target_zeros_where_draft_has_mass", target=_normalise(p_zeros),
+                 proposal=_rows(g, 1.0), **markov),
+        Scenario("peaked_target_flat_draft", target=peaked, proposal=flat, **markov),
+        Scenario("flat_target_peaked_draft", target=_rows(g, 30.0), proposal=peaked, **markov),
+        Scenario("temperature_from_logits", target=logits, proposal=q, logits=True,
+                 temperature=0.7, **markov),
+        Scenario("deterministic_draft", target=p, proposal=q, deterministic_draft=True, **markov),
+        Scenario("float16_inputs", target=logits, proposal=_dyadic(q), logits=True,
+                 dtype=torch.float16, **markov),
+        Scenario("large_vocab_marginals", kind="positional", target=zipf_p, proposal=zipf_q,
+                 trials=8_192, quick_trials=4_096, chunk=2_048, validate=False),
+    ]
+    return {c.name: c for c in cases}
+
+
+SCENARIOS: dict[str, Scenario] = _scenarios()
+
+
+def views(scenario: Scenario) -> list[tuple[int, ...]]:
+    """What each scenario tests: the first token, and the joint (small V) or each position."""
+    if scenario.kind == "positional":
+        return [(j,) for j in range(scenario.length)]
+    return [(0,), tuple(range(scenario.length))]
+
+
+def _view_name(view: tuple[int, ...]) -> str:
+    return f"t{view[0]}" if len(view) == 1 else "joint(" + ",".join(f"t{j}" for j in view) + ")"
+
+
+def run_fits(scenario: Scenario, backend: str, quick: bool) -> list[FitResult]:
+    """Decode through ``backend`` and test every view of ``scenario`` at level ALPHA/len(views)."""
+    tokens = simulate(scenario, backend, quick)
+    vs = views(scenario)
+    return [
+        chi_square_fit(
+            _view_name(v),
+            observed_counts(tokens, v, scenario.vocab),
+            target_law(scenario, v),
+            ALPHA / len(vs),
+        )
+        for v in vs
+    ]
+
+
+@cache
+def powers(name: str, quick: bool) -> dict[str, float]:
+    """Power of the check ``name`` against each negative control (a lower bound: best view)."""
+    scenario = SCENARIOS[name]
+    n = scenario.quick_trials if quick else scenario.trials
+    vs = views(scenario)
+    out = {}
+    for control, rule in CONTROLS.items():
+        best = 0.0
+        for v in vs:
+            alt = law_of_view(scenario, rule, v)
+            if alt is not None:
+                best = max(best, power_against(target_law(scenario, v), alt, n, ALPHA / len(vs)))
+        out[control] = best
+    return out
+
+
+def _statistical_check(name: str) -> None:
+    scenario = SCENARIOS[name]
+
+    def fn(backend: str, quick: bool) -> CheckResult:
+        start = time.perf_counter()
+        fits = run_fits(scenario, backend, quick)
+        pw = powers(name, quick)
+        passed = all(f.passed for f in fits)
+        n = fits[0].n
+        detail = "; ".join(f.line() for f in fits)
+        if not passed:
+            detail = f"target law rejected at alpha={ALPHA:g} (N={n}): {detail}"
+        return CheckResult(
+            f"stat.{name}",
+            passed,
+            detail,
+            stats={
+                "N": n,
+                "alpha": ALPHA,
+                "tests": [dataclasses.asdict(f) for f in fits],
+                "power": pw,
+                "seconds": round(time.perf_counter() - start, 2),
+                "summary": f"N={n} {'; '.join(f.line() for f in fits)} | power vs controls: "
+                + " ".join(f"{c.removeprefix('_wrong_')} {v:.2f}" for c, v in pw.items()),
+            },
+        )
+
+    fn.__doc__ = f"Emitted tokens follow the target's law: {name.replace('_', ' ')}."
+    check(f"stat.{name}", quick=True)(fn)
+
+
+for _name in SCENARIOS:
+    _statistical_check(_name)
+
+
+DESIGNED_POWER = 0.999
+"""A control must be caught by every check whose power against it is at least this."""
+
+RUN_POWER = 0.5
+"""Controls are run only through checks with at least this power (the others cannot tell)."""
+
+
+@cache
+def control_outcomes(quick: bool) -> dict[str, dict[str, bool]]:
+    """For each control: check -> whether the control *passed* it, over the checks it is run on.
+
+    The positive control (the correct rule in the same test double) runs through every check.
+    """
+    out: dict[str, dict[str, bool]] = {}
+    with controls_registered():
+        for control in [*CONTROLS, POSITIVE_CONTROL]:
+            out[control] = {
+                name: all(f.passed for f in run_fits(sc, control, quick))
+                for name, sc in SCENARIOS.items()
+                if control == POSITIVE_CONTROL or powers(name, quick)[control] >= RUN_POWER
+            }
+    return out
+
+
+@check("stat.negative_controls_caught", quick=True)
+def negative_controls_caught(backend: str, quick: bool) -> CheckResult:
+    """Deliberately wrong samplers fail the same statistical checks at the same sample sizes.
+
+    Passes when every control is caught by every check designed to catch it (power >= 0.999),
+    and the correct rule, run by the same test double, passes every check. Independent of
+    ``backend`` (the controls are their own backends), so it runs once per process.
+    """
+    start = time.perf_counter()
+    outcomes = control_outcomes(quick)
+    caught = {c: sorted(s for s, ok in outcomes[c].items() if not ok) for c in CONTROLS}
+    designed = {
+        c: sorted(s for s in SCENARIOS if powers(s, quick)[c] >= DESIGNED_POWER) for c in CONTROLS
+    }
+    missed = {c: sorted(set(designed[c]) - set(caught[c])) for c in CONTROLS}
+    missed = {c: m for c, m in missed.items() if m or not caught[c]}
+    exact_failures = [s for s, ok in outcomes[POSITIVE_CONTROL].items() if not ok]
+    passed = not missed and not exact_failures
+    detail = ", ".join(
+        f"{c.removeprefix('_wrong_')}: caught by {len(caught[c])} (designed {len(designed[c])})"
+        for c in CONTROLS
+    )
+    if missed:
+        detail = f"NOT caught where designed: {missed}; " + detail
+    if exact_failures:
+        detail = f"positive control {POSITIVE_CONTROL} failed {exact_failures}; " + detail
+    return CheckResult(
+        "stat.negative_controls_caught",
+        passed,
+        detail,
+        stats={
+            "caught_by": caught,
+            "designed_to_catch": designed,
+            "positive_control_failures": exact_failures,
+            "seconds": round(time.perf_counter() - start, 2),
+            "summary": detail,
+        },
+    )

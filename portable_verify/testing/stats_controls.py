@@ -1,0 +1,114 @@
+"""Negative controls: deliberately wrong verifiers that the statistical checks must catch.
+
+Each control is a small vectorised torch :class:`Backend` whose one wrong decision is named by a
+:class:`Rule`. Only while they run are they registered, under private names (``_wrong_*``;
+``available_backends`` never lists names starting with ``_``), and they are driven through the
+public ``verify`` exactly like a real backend, so the statistical checks cannot tell them apart
+from one. ``_exact_rule`` runs the same code with the correct rule: it must *pass*, which shows
+the controls fail because of their bug and not because of this harness.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+import portable_verify as pv
+from portable_verify.backends.base import Availability, Backend
+from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
+from portable_verify.testing.stats_exact import EXACT, Rule
+
+CONTROLS: dict[str, Rule] = {
+    "_wrong_recovered_from_p": Rule(recovered="target"),
+    "_wrong_accept_q_over_p": Rule(accept="inverse"),
+    "_wrong_bonus_from_q": Rule(bonus="draft"),
+    "_wrong_bonus_row": Rule(bonus="previous_row"),
+}
+"""Each wrong verifier and the bug it carries (see :class:`Rule`)."""
+
+POSITIVE_CONTROL = "_exact_rule"
+
+
+class RuleBackend(Backend):
+    """Rejection sampling with dense ``p`` and ``q`` rows and a configurable (wrong) rule.
+
+    Sampled rows only (these backends never see greedy rows in the statistical scenarios).
+    """
+
+    array_kind = "torch"
+    description = "a statistical negative control (not a real backend)"
+
+    def __init__(self, name: str, rule: Rule) -> None:
+        self.name = name  # type: ignore[misc]
+        self.rule = rule
+
+    def availability(self) -> Availability:
+        return Availability(True, "test double")
+
+    def run(self, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        x = inputs.draft_token_ids
+        b, k = x.shape
+        n = inputs.num_draft_tokens
+        ar = torch.arange(b)
+        p = _target_probs(inputs)  # [B, K+1, V]
+        if inputs.draft_probs is not None:
+            q = inputs.draft_probs[inputs.draft_rows].float()
+        else:
+            q = torch.nn.functional.one_hot(x, p.shape[-1]).float()
+        u = inputs.uniforms
+        px = p[:, :k].gather(2, x.unsqueeze(2)).squeeze(2)
+        qx = q.gather(2, x.unsqueeze(2)).squeeze(2)
+        if self.rule.accept == "ratio":
+            accept = (px > 0) & (u[:, :k] * qx <= px)
+        else:
+            accept = (px > 0) & (u[:, :k] * px <= qx)
+        accept &= torch.arange(k).unsqueeze(0) < n.unsqueeze(1)
+        a = torch.cumprod(accept.long(), dim=1).sum(1)
+        p_a = p[ar, a]
+        last = (n - 1).clamp(min=0)
+        if k > 0:
+            q_a = q[ar, a.clamp(max=k - 1)]
+            residual = (p_a - q_a).clamp(min=0) if self.rule.recovered == "residual" else p_a
+            residual = torch.where(residual.sum(1, keepdim=True) > 0, residual, p_a)
+            bonus = {
+                "target": p_a,
+                "draft": q[ar, last.clamp(max=k - 1)],
+                "previous_row": p[ar, last],
+            }
+            bonus_w = torch.where((n > 0).unsqueeze(1), bonus[self.rule.bonus], p_a)
+        else:
+            residual = bonus_w = p_a
+        weights = torch.where((a < n).unsqueeze(1), residual, bonus_w)
+        c = torch.cumsum(weights, 1)
+        final = torch.searchsorted(c, (u[:, k] * c[:, -1]).unsqueeze(1)).squeeze(1)
+        final = final.clamp(max=p.shape[-1] - 1)
+        pos = torch.arange(k + 1)
+        padded = torch.cat([x, x.new_zeros(b, 1)], 1)
+        tokens = torch.where(pos < a.unsqueeze(1), padded, final.unsqueeze(1))
+        tokens = tokens.masked_fill(pos > a.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
+        return tokens, a
+
+
+def _target_probs(inputs: VerifyInputs) -> torch.Tensor:
+    rows = inputs.target[inputs.target_rows].float()
+    if not inputs.target_is_logits:
+        return rows
+    return torch.softmax(rows / inputs.temperature.view(-1, 1, 1), dim=-1)
+
+
+@contextmanager
+def controls_registered() -> Iterator[list[str]]:
+    """Register every control and the positive control for the duration of a block.
+
+    Unregistered afterwards so no later ``backend_status()`` in the same process lists them.
+    """
+    rules = {**CONTROLS, POSITIVE_CONTROL: EXACT}
+    for name, rule in rules.items():
+        pv.register_backend(name, lambda _s, n=name, r=rule: RuleBackend(n, r), auto=False)
+    try:
+        yield list(CONTROLS)
+    finally:
+        for name in rules:
+            pv.unregister_backend(name)
