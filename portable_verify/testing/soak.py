@@ -11,9 +11,10 @@ a fresh ``seed_offset`` (as engines do), and compares
   the heap by more than ``HEAP_TOLERANCE`` (32 bytes per call at the default window);
 * every ``1/50`` of the run, the result against the reference (state must not rot).
 
-The count comes from ``PORTABLE_VERIFY_SOAK_CALLS`` (default one million, the CLI's run; at
-~3 ms per small call on this 2-core machine that is ~45 minutes); under pytest, unless the
-variable is set, it makes ``PYTEST_CALLS``.
+The count comes from ``PORTABLE_VERIFY_SOAK_CALLS`` (default one million, the CLI's run: about
+1.2 ms per small validated call on one core of this 2-core machine, so ~20 minutes; the front
+door's per-call overhead of ~100 small torch ops dominates at these shapes); under pytest,
+unless the variable is set, it makes ``PYTEST_CALLS``.
 """
 
 from __future__ import annotations
