@@ -36,7 +36,7 @@ def _temperatures(temperature: float | torch.Tensor | None, method: str, b: int,
 
 
 def _exponential_race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One exact draw per row from non-negative ``weights`` via ``argmax(w / E)``, ``E ~ Exp(1)``."""
+    """One exact draw per row from ``weights >= 0``: ``argmax(w / E)`` with ``E ~ Exp(1)``."""
     e = torch.empty_like(weights).exponential_(1.0, generator=generator)
     # exponential_ may return exactly 0; a tiny floor keeps w / E finite without biasing draws.
     return torch.argmax(weights / e.clamp_(min=torch.finfo(torch.float32).tiny), dim=-1)
@@ -83,8 +83,8 @@ def dense_verify(
     drafts). ``generator`` drives every random number; None uses torch's global generator.
 
     >>> logits = torch.tensor([[[0., 5., 1.], [9., 0., 0.], [0., 0., 3.]]])
-    >>> dense_verify(torch.tensor([[1, 2]]), target_logits=logits, method="greedy")
-    tensor([[1, 0, -1]])
+    >>> dense_verify(torch.tensor([[1, 2]]), target_logits=logits, method="greedy").tolist()
+    [[1, 0, -1]]
     """
     if method not in DENSE_METHODS:
         raise ValueError(f"method must be one of {DENSE_METHODS}, got {method!r}")

@@ -1,0 +1,104 @@
+"""The benchmark grid: shapes, method/input variants, and input generation on a device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Shape = tuple[int, int, int]  # (B, K, V)
+
+FULL_SHAPES: tuple[Shape, ...] = ((1, 2, 32000), (8, 4, 32000), (32, 4, 32000), (64, 5, 128256))
+QUICK_SHAPES: tuple[Shape, ...] = ((1, 2, 32000), (8, 4, 32000), (32, 4, 32000))
+SAMPLING_TEMPERATURE = 0.7
+DRAFT_CORRUPTION = 0.3  # share of drafts replaced by random ids, so rows reject at varied places
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of calling the verifier: a method plus the kind of inputs it receives."""
+
+    method: str  # greedy | rejection | typical
+    inputs: str  # logits | probs (probs always come with draft_probs)
+
+    @property
+    def label(self) -> str:
+        return f"{self.method}/{self.inputs}"
+
+    @property
+    def temperature(self) -> float | None:
+        """Sampled methods on logits use a non-trivial temperature (the costly path)."""
+        if self.method == "greedy":
+            return 0.0
+        return SAMPLING_TEMPERATURE if self.inputs == "logits" else None
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("greedy", "logits"),
+    Variant("rejection", "logits"),
+    Variant("rejection", "probs"),
+    Variant("typical", "logits"),
+)
+
+
+@dataclass
+class CaseInputs:
+    """Tensors of one benchmark cell, already on the benchmark device."""
+
+    drafts: torch.Tensor  # int64 [B, K]
+    target: torch.Tensor  # [B, K+1, V] logits or probabilities
+    draft_probs: torch.Tensor | None  # [B, K, V] or None
+    seeds: torch.Tensor  # int64 [B]
+
+    def verify_kwargs(self, variant: Variant) -> dict:
+        """Keyword arguments shared by ``verify`` and ``dense_verify`` for this variant."""
+        key = "target_logits" if variant.inputs == "logits" else "target_probs"
+        kw: dict = {key: self.target, "method": variant.method}
+        if variant.inputs == "probs":
+            kw["draft_probs"] = self.draft_probs
+        else:
+            kw["temperature"] = variant.temperature
+        return kw
+
+
+def make_inputs(shape: Shape, variant: Variant, dtype: torch.dtype, device: torch.device,
+                seed: int = 0) -> CaseInputs:
+    """Random but realistic-looking inputs: peaked logits, drafts that often match the target."""
+    b, k, v = shape
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(b, k + 1, v, generator=g) * 3
+    drafts = logits[:, :k].argmax(-1)
+    noise = torch.rand(b, k, generator=g) < DRAFT_CORRUPTION
+    drafts = torch.where(noise, torch.randint(0, v, (b, k), generator=g), drafts)
+    draft_probs = None
+    if variant.inputs == "probs":
+        target = torch.softmax(logits, -1)
+        draft_logits = logits[:, :k] + torch.randn(b, k, v, generator=g)
+        draft_probs = torch.softmax(draft_logits, -1).to(device=device, dtype=dtype)
+        del draft_logits
+    else:
+        target = logits
+    return CaseInputs(
+        drafts=drafts.to(device),
+        target=target.to(device=device, dtype=dtype),
+        draft_probs=draft_probs,
+        seeds=torch.arange(b, dtype=torch.int64).to(device),
+    )
+
+
+def parse_shapes(text: str) -> tuple[Shape, ...]:
+    """``"1,2,32000;8,4,32000"`` -> ((1, 2, 32000), (8, 4, 32000))."""
+    shapes = []
+    for part in text.replace(" ", "").split(";"):
+        if not part:
+            continue
+        dims = part.split(",")
+        if len(dims) != 3 or not all(d.isdigit() for d in dims):
+            raise ValueError(f"--shapes: each shape is 'B,K,V' (integers), got {part!r}")
+        b, k, v = (int(d) for d in dims)
+        if b < 1 or v < 1:
+            raise ValueError(f"--shapes: B and V must be >= 1, got {part!r}")
+        shapes.append((b, k, v))
+    if not shapes:
+        raise ValueError("--shapes: no shape given")
+    return tuple(shapes)

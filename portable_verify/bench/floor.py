@@ -1,0 +1,73 @@
+"""The memory-read floor: the time of one reduction over exactly the bytes a method must read.
+
+No verifier can beat reading its inputs once, so ``verify time / floor`` says how much of the
+time is *not* spent streaming memory. The floor is the fastest of ``torch.amax``, ``torch.sum``
+and (CPU float32) numpy's ``max``: reductions read memory at different speeds, and the floor
+should be the best any of them reaches. The pick is made once per cell by a short calibration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import torch
+
+from portable_verify.bench.cases import CaseInputs, Variant
+from portable_verify.bench.harness import synchronize
+
+
+def must_read(inputs: CaseInputs, variant: Variant) -> list[torch.Tensor]:
+    """Flat views of the input bytes a variant cannot avoid reading.
+
+    Greedy, typical and logits inputs need every target row (argmax, entropy, softmax
+    normaliser). Rejection from probabilities needs only ``p(x)``, ``q(x)`` and one target and
+    one draft row per request: ``B*V`` elements of each.
+    """
+    target = inputs.target.reshape(-1)
+    if variant.method == "rejection" and variant.inputs == "probs":
+        b, v = inputs.target.shape[0], inputs.target.shape[-1]
+        parts = [target[: b * v]]
+        if inputs.draft_probs is not None and inputs.draft_probs.numel():
+            parts.append(inputs.draft_probs.reshape(-1)[: b * v])
+        return parts
+    return [target]
+
+
+def _torch_floor(parts: list[torch.Tensor]) -> Callable[[], object]:
+    return lambda: [torch.amax(p) for p in parts if p.numel()]
+
+
+def _torch_sum_floor(parts: list[torch.Tensor]) -> Callable[[], object]:
+    return lambda: [torch.sum(p) for p in parts]
+
+
+def _numpy_floor(parts: list[torch.Tensor]) -> Callable[[], object]:
+    arrays = [p.numpy() for p in parts]
+    return lambda: [a.max() for a in arrays if a.size]
+
+
+def floor_callable(parts: list[torch.Tensor]) -> tuple[str, Callable[[], object]]:
+    """``(name, fn)``: the fastest reduction available for these tensors on their device."""
+    candidates = {"torch.amax": _torch_floor(parts), "torch.sum": _torch_sum_floor(parts)}
+    if all(p.device.type == "cpu" and p.dtype == torch.float32 for p in parts):
+        candidates["numpy.max"] = _numpy_floor(parts)
+    device = parts[0].device if parts else torch.device("cpu")
+    best: dict[str, float] = {}
+    for name, fn in candidates.items():
+        fn()  # warm caches and lazy initialisation
+        times = []
+        for _ in range(3):
+            synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            synchronize(device)
+            times.append(time.perf_counter() - t0)
+        best[name] = min(times)
+    name = min(best, key=best.__getitem__)
+    return name, candidates[name]
+
+
+def num_bytes(parts: list[torch.Tensor]) -> int:
+    return int(sum(p.numel() * p.element_size() for p in parts))
+

@@ -1,0 +1,65 @@
+"""``portable-verify info``: devices, backends with the reason for each, versions."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+
+def add_parser(subparsers: Any) -> None:
+    p = subparsers.add_parser("info", help="show devices, backends and library versions")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON instead")
+    p.set_defaults(func=run)
+
+
+def collect() -> dict[str, Any]:
+    """Everything ``info`` shows, as plain data."""
+    import portable_verify as pv
+    from portable_verify.bench import environment
+    from portable_verify.dispatch import select_backend
+
+    status = pv.backend_status()
+    return {
+        "machine": environment.machine(),
+        "devices": environment.devices(),
+        "auto_backend": {"cpu": select_backend("auto", "cpu").name},
+        "backends": {name: {"available": s.available, "reason": s.reason}
+                     for name, s in status.items()},
+        "versions": environment.library_versions(),
+    }
+
+
+def run(args: argparse.Namespace) -> int:
+    data = collect()
+    if args.json:
+        print(json.dumps(data, indent=2))
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    m = data["machine"]
+    console.print(f"[bold]machine[/]: {m['cpu']} ({m['cpu_count']} CPUs), {m['platform']}, "
+                  f"Python {m['python']}")
+    devices = Table(title="devices", title_justify="left")
+    for col in ("device", "name", "available"):
+        devices.add_column(col)
+    for d in data["devices"]:
+        devices.add_row(d["device"], d["name"] or "-", "yes" if d["available"] else "no")
+    console.print(devices)
+    backends = Table(title=f"backends (auto on cpu: {data['auto_backend']['cpu']})",
+                     title_justify="left")
+    for col in ("backend", "available", "reason"):
+        backends.add_column(col)
+    for name, s in data["backends"].items():
+        ok = "[green]yes[/]" if s["available"] else "[red]no[/]"
+        backends.add_row(name, ok, s["reason"])
+    console.print(backends)
+    versions = Table(title="libraries", title_justify="left")
+    versions.add_column("library")
+    versions.add_column("version")
+    for name, v in data["versions"].items():
+        versions.add_row(name, v or "not installed")
+    console.print(versions)
+    return 0
