@@ -48,9 +48,9 @@ def inverse_cdf_draw(weights: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 def _scan_draw(weights: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """:func:`inverse_cdf_draw` by a full cumulative sum; also returns each row's total."""
-    c = torch.cumsum(weights, dim=-1)
+    c = torch.cumsum(weights, dim=-1, dtype=torch.float64)  # float64 per docs/semantics.md
     total = c[:, -1]
-    t = torch.searchsorted(c, (v * total).unsqueeze(1), right=False).squeeze(1)
+    t = torch.searchsorted(c, (v.double() * total).unsqueeze(1), right=False).squeeze(1)
     return t.clamp_(max=weights.shape[-1] - 1), total  # the clamp: NaN rows (validate=False)
 
 
@@ -210,29 +210,30 @@ def draw(weights: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Te
 
     Why two levels: a cumulative sum is a sequential scan (~2 ns per element on one CPU core,
     the dearest step of a rejection at V = 128k), but the draw only needs the crossing point.
-    Block sums (a vectorised float32 reduction) locate the crossing block; one
-    ``DRAW_BLOCK``-long scan inside it finds the token. Prefixes are accumulated in float64 and
-    compared in float32, as ``torch.cumsum`` does, so the pick differs from the full scan only
-    where rounding moves a boundary (measured: under 1e-3 of draws at V = 50k, an order of
-    magnitude below how often the float32 numpy reference and ``torch.cumsum`` disagree). The
-    pick always has ``w[t] > 0`` when the total is positive. Small vocabularies take the scan.
+    Block sums (a vectorised reduction accumulated in float64) locate the crossing block; one
+    ``DRAW_BLOCK``-long scan inside it finds the token. Prefixes are accumulated and compared in
+    float64 as docs/semantics.md prescribes, so the pick differs from the reference's sequential
+    scan only where a threshold lies within float64 rounding of a prefix sum. The pick always
+    has ``w[t] > 0`` when the total is positive. Small vocabularies take the full scan.
     """
     b, v_size = weights.shape
     if v_size <= 4 * DRAW_BLOCK or b == 0:
         return _scan_draw(weights, v)
     n_full = v_size // DRAW_BLOCK
-    sums = weights[:, : n_full * DRAW_BLOCK].reshape(b, n_full, DRAW_BLOCK).sum(-1)
+    f64 = torch.float64
+    sums = weights[:, : n_full * DRAW_BLOCK].reshape(b, n_full, DRAW_BLOCK).sum(-1, dtype=f64)
     if n_full * DRAW_BLOCK < v_size:
-        sums = torch.cat([sums, weights[:, n_full * DRAW_BLOCK:].sum(-1, keepdim=True)], dim=1)
-    cb = sums.double().cumsum_(dim=1)
-    total = cb[:, -1].float()
-    threshold = (v * total).unsqueeze(1)
-    blk = torch.searchsorted(cb.float(), threshold).clamp_(max=cb.shape[1] - 1)
+        tail = weights[:, n_full * DRAW_BLOCK:].sum(-1, keepdim=True, dtype=f64)
+        sums = torch.cat([sums, tail], dim=1)
+    cb = sums.cumsum_(dim=1)
+    total = cb[:, -1]
+    threshold = (v.double() * total).unsqueeze(1)
+    blk = torch.searchsorted(cb, threshold).clamp_(max=cb.shape[1] - 1)
     prefix = torch.where(blk > 0, cb.gather(1, (blk - 1).clamp_(min=0)), 0.0)
     idx = blk * DRAW_BLOCK + torch.arange(DRAW_BLOCK, device=weights.device)
     inside = idx < v_size
     block = weights.gather(1, idx.clamp(max=v_size - 1)) * inside
-    c = (prefix + block.double().cumsum_(dim=1)).float()
+    c = prefix + block.double().cumsum_(dim=1)
     t_in = torch.searchsorted(c, threshold).squeeze(1)
     # Rounding can leave the block's last partial sum a hair under the threshold the block sums
     # crossed; then the block's last positive weight is the crossing token.
