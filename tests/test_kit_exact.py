@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import ClassVar
 from unittest import mock
 
 import numpy as np
@@ -165,21 +164,39 @@ def test_quick_cases_reach_every_edge_of_the_rules() -> None:
         assert stats.get(f"path.{event}", 0) > 0, event
 
 
+LEAKY_SOAK = """
+import sys
+import torch
+import portable_verify as pv
+from portable_verify.backends.numpy_ref import NumpyReferenceBackend
+from portable_verify.testing.soak import soak
+
+
 class Leaky(NumpyReferenceBackend):
-    """Keeps 200 bytes of Python objects and 64 KiB of tensor memory per call."""
+    \"\"\"Keeps 200 bytes of Python objects and 64 KiB of tensor memory per call.\"\"\"
 
-    kept: ClassVar[list] = []
+    name = "_leaky"
+    kept = []
 
-    def run(self, inputs):  # type: ignore[no-untyped-def]
+    def run(self, inputs):
         self.kept.append((bytes(200), torch.ones(16384)))
         return super().run(inputs)
 
 
-def test_soak_catches_a_leak() -> None:
-    from portable_verify.testing.soak import soak
+pv.register_backend("_leaky", lambda _suffix: Leaky(), auto=False)
+result = soak("_leaky", 2_000)
+print(result.passed)
+print(result.detail)
+"""
 
-    with registered(Leaky) as name:
-        result = soak(name, 2_000)
-    Leaky.kept.clear()
-    assert not result.passed
-    assert "RSS grew" in result.detail and "heap grew" in result.detail, result.detail
+
+def test_soak_catches_a_leak() -> None:
+    """Run in a fresh process: memory freed by earlier tests would hide RSS growth in this one."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", LEAKY_SOAK], capture_output=True, text=True,
+                         timeout=600, check=True).stdout.splitlines()
+    passed, detail = out[-2], out[-1]
+    assert passed == "False", detail
+    assert "RSS grew" in detail and "heap grew" in detail, detail
