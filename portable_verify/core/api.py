@@ -37,6 +37,19 @@ def _to_tensor(name: str, x: ArrayLike | None) -> torch.Tensor | None:
     raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
 
 
+def _target_argument(
+    target_logits: ArrayLike | None, target_probs: ArrayLike | None
+) -> tuple[torch.Tensor, str]:
+    """The one target tensor given, and the name of the argument that carried it."""
+    logits = _to_tensor("target_logits", target_logits)
+    probs = _to_tensor("target_probs", target_probs)
+    if (logits is None) == (probs is None):
+        raise ValueError("give exactly one of target_logits and target_probs")
+    if logits is not None:
+        return logits, "target_logits"
+    return probs, "target_probs"
+
+
 def verify(
     draft_token_ids: ArrayLike,
     *,
@@ -84,12 +97,7 @@ def verify(
     """
     return_numpy = not isinstance(draft_token_ids, torch.Tensor)
     drafts = _to_tensor("draft_token_ids", draft_token_ids)
-    logits = _to_tensor("target_logits", target_logits)
-    probs = _to_tensor("target_probs", target_probs)
-    if (logits is None) == (probs is None):
-        raise ValueError("give exactly one of target_logits and target_probs")
-    target_name = "target_logits" if logits is not None else "target_probs"
-    target = logits if logits is not None else probs
+    target, target_name = _target_argument(target_logits, target_probs)
     q = _to_tensor("draft_probs", draft_probs)
     counts = _to_tensor("num_draft_tokens", num_draft_tokens)
     explicit_u = _to_tensor("uniforms", uniforms)

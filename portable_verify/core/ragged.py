@@ -13,7 +13,7 @@ import numbers
 
 import torch
 
-from portable_verify.core.api import ArrayLike, _run, _to_tensor
+from portable_verify.core.api import ArrayLike, _run, _target_argument, _to_tensor
 from portable_verify.core.types import DEFAULT_TYPICAL_ALPHA, DEFAULT_TYPICAL_EPS, VerifyResult
 from portable_verify.core.validation import (
     require_float,
@@ -79,12 +79,7 @@ def verify_ragged(
     """
     return_numpy = not isinstance(draft_token_ids, torch.Tensor)
     flat = _to_tensor("draft_token_ids", draft_token_ids)
-    logits = _to_tensor("target_logits", target_logits)
-    probs = _to_tensor("target_probs", target_probs)
-    if (logits is None) == (probs is None):
-        raise ValueError("give exactly one of target_logits and target_probs")
-    target_name = "target_logits" if logits is not None else "target_probs"
-    target = logits if logits is not None else probs
+    target, target_name = _target_argument(target_logits, target_probs)
     q = _to_tensor("draft_probs", draft_probs)
     counts_in = _to_tensor("num_draft_tokens", num_draft_tokens)
     cu_in = _to_tensor("cu_num_draft_tokens", cu_num_draft_tokens)
