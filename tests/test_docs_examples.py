@@ -1,4 +1,4 @@
-"""Every ```python block of docs/integrations.md runs as written (each in a fresh namespace)."""
+"""Every ```python block of README.md and docs/integrations.md runs as written."""
 
 from __future__ import annotations
 
@@ -7,24 +7,27 @@ from pathlib import Path
 
 import pytest
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "integrations.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = (ROOT / "README.md", ROOT / "docs" / "integrations.md")
 _BLOCK = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
 
 
-def _blocks() -> list[tuple[int, str]]:
+def _blocks(doc: Path) -> list[tuple[int, str]]:
     """``(first code line, code)`` of each python block."""
-    text = DOC.read_text()
+    text = doc.read_text()
     return [(text.count("\n", 0, m.start(1)) + 1, m.group(1)) for m in _BLOCK.finditer(text)]
 
 
-def test_the_page_has_examples() -> None:
-    assert len(_blocks()) >= 4
+def test_the_pages_have_examples() -> None:
+    assert len(_blocks(DOCS[0])) >= 1
+    assert len(_blocks(DOCS[1])) >= 4
 
 
 @pytest.mark.parametrize(
-    "code", [pytest.param(code, id=f"line{line}") for line, code in _blocks()]
+    "doc,line,code",
+    [pytest.param(doc, line, code, id=f"{doc.name}:{line}") for doc in DOCS
+     for line, code in _blocks(doc)],
 )
-def test_example_runs(code: str) -> None:
-    line = next(first for first, c in _blocks() if c == code)
+def test_example_runs(doc: Path, line: int, code: str) -> None:
     # Leading newlines make tracebacks point at the page's own line numbers.
-    exec(compile("\n" * (line - 1) + code, str(DOC), "exec"), {"__name__": "docs_example"})
+    exec(compile("\n" * (line - 1) + code, str(doc), "exec"), {"__name__": "docs_example"})
