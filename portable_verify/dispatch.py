@@ -1,52 +1,71 @@
-"""Backend registry and run-time selection: the one front door to every implementation.
+"""Backend registry and run-time selection: the one place that knows every implementation.
 
-Backends register a factory under a name; nothing is imported until it is asked for, so a
-missing optional package (openvino, triton) costs nothing and is reported, not raised, by
-:func:`backend_status`. Names may carry a device suffix (``"openvino:GPU"``).
+Backends register a factory under their implementation's name (``numpy``, ``torch``,
+``triton``, ``openvino``); a name may carry a device suffix (``torch:cuda``, ``openvino:GPU``).
+Nothing is imported until it is asked for, so a missing optional package costs nothing and is
+reported, not raised, by :func:`backend_status`. Dispatch also owns what sits between the front
+doors and a backend: resolving ``auto`` and the old names, the fallback from Triton to torch on a
+GPU without Triton (announced once), and the conversion to numpy for numpy-kind backends.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
+import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import fields, replace
+from typing import Any
+
+import numpy as np
+import torch
 
 from portable_verify.backends.base import Availability, Backend
+from portable_verify.core.types import VerifyInputs
 
 ENV_BACKEND = "PORTABLE_VERIFY_BACKEND"
 
+ALIASES: dict[str, str] = {"cpu": "torch:cpu", "cuda": "auto:cuda", "xpu": "auto:xpu"}
+"""Names of earlier releases. ``cuda``/``xpu`` mean "the best backend for that GPU"."""
 
-@dataclass(frozen=True)
-class _Entry:
-    factory: Callable[[str | None], Backend]
-    auto: bool  # eligible for "auto" selection by device type
+AUTO_PREFERENCE: dict[str, tuple[str, ...]] = {
+    "cpu": ("torch:cpu",),
+    "cuda": ("triton:cuda", "torch:cuda"),
+    "xpu": ("triton:xpu", "torch:xpu"),
+}
+"""What ``auto`` picks per torch device type, best first; other device types get ``torch``."""
 
+log = logging.getLogger("portable_verify")
 
-_REGISTRY: dict[str, _Entry] = {}
+_REGISTRY: dict[str, Callable[[str | None], Backend]] = {}
 _CACHE: dict[str, Backend] = {}
 
 
-def register_backend(
-    name: str, factory: Callable[[str | None], Backend], *, auto: bool = True
-) -> None:
-    """Register ``factory(device_suffix) -> Backend`` under ``name`` (replacing any previous)."""
-    _REGISTRY[name] = _Entry(factory, auto)
-    for key in [k for k in _CACHE if k.split(":", 1)[0] == name]:
-        del _CACHE[key]
+def register_backend(name: str, factory: Callable[[str | None], Backend]) -> None:
+    """Register ``factory(device_suffix or None) -> Backend`` under ``name`` (replacing any)."""
+    if ":" in name:
+        raise ValueError(f"backend names carry no device suffix; got {name!r}")
+    _REGISTRY[name] = factory
+    _forget(name)
 
 
 def unregister_backend(name: str) -> None:
     """Remove ``name`` from the registry (test doubles, plugins being unloaded); no-op if absent."""
     _REGISTRY.pop(name, None)
+    _forget(name)
+
+
+def _forget(name: str) -> None:
     for key in [k for k in _CACHE if k.split(":", 1)[0] == name]:
         del _CACHE[key]
 
 
-def _lazy(module: str, cls: str) -> Callable[[str | None], Backend]:
-    def factory(suffix: str | None) -> Backend:
-        backend_cls = getattr(importlib.import_module(module), cls)
-        return backend_cls(suffix) if suffix is not None else backend_cls()
+def lazy(module: str, cls: str) -> Callable[[str | None], Backend]:
+    """A factory that imports ``module`` only when the backend is first asked for."""
+
+    def factory(device: str | None) -> Backend:
+        return getattr(importlib.import_module(module), cls)(device)
 
     return factory
 
@@ -58,46 +77,59 @@ class _Unavailable(Backend):
 
     def __init__(self, name: str, reason: str) -> None:
         self.name = name  # type: ignore[misc]
+        self.device = None
         self._reason = reason
 
     def availability(self) -> Availability:
         return Availability(False, self._reason)
 
-    def run(self, inputs):  # type: ignore[no-untyped-def]
+    def run(self, inputs: VerifyInputs) -> tuple[Any, Any]:
         raise RuntimeError(self._reason)
 
 
 def _instantiate(name: str) -> Backend:
+    """The backend for a canonical ``impl`` or ``impl:device`` name (cached)."""
     if name in _CACHE:
         return _CACHE[name]
-    base, _, suffix = name.partition(":")
+    base, _, device = name.partition(":")
     if base not in _REGISTRY:
-        raise ValueError(
-            f"backend={name!r} is not a known backend; known: {sorted(_REGISTRY)}"
-        )
+        known = sorted([*_REGISTRY, *ALIASES, "auto"])
+        raise ValueError(f"backend={name!r} is not a known backend; known: {known}")
     try:
-        backend = _REGISTRY[base].factory(suffix or None)
+        backend = _REGISTRY[base](device or None)
     except ImportError as exc:  # optional dependency missing
         backend = _Unavailable(name, f"import failed: {exc}")
+    except ValueError:  # an unknown device suffix: the caller's mistake, said by the backend
+        raise
     except Exception as exc:  # a broken optional wheel must not break backend listing
         backend = _Unavailable(name, f"failed to load: {type(exc).__name__}: {exc}")
     _CACHE[name] = backend
     return backend
 
 
+def _expanded(base: str) -> list[str]:
+    """Every canonical name of a registered implementation: one per device it knows."""
+    devices = _instantiate(base).devices
+    return [f"{base}:{d}" for d in devices] if devices else [base]
+
+
 def backend_status() -> dict[str, Availability]:
-    """Every registered backend with its availability and the reason."""
-    return {name: _instantiate(name).availability() for name in sorted(_REGISTRY)}
+    """Every registered backend and device, with its availability and the reason."""
+    names = [n for base in sorted(_REGISTRY) for n in _expanded(base)]
+    return {name: _instantiate(name).availability() for name in names}
 
 
 def available_backends() -> list[str]:
-    """Names of the backends that can run on this machine (``_``-prefixed test doubles hidden)."""
+    """Canonical names of the backends that run here (``_``-prefixed test doubles hidden)."""
     return [n for n, status in backend_status().items() if status.available and n[0] != "_"]
 
 
 def get_backend(name: str) -> Backend:
-    """The backend called ``name``; raises ``RuntimeError`` naming why when it cannot run here."""
-    backend = _instantiate(name)
+    """The backend called ``name`` (a bare implementation means its default device).
+
+    Raises ``RuntimeError`` naming why when it cannot run here.
+    """
+    backend = _instantiate(_canonical(name, None))
     status = backend.availability()
     if not status.available:
         raise RuntimeError(
@@ -107,34 +139,86 @@ def get_backend(name: str) -> Backend:
     return backend
 
 
+def _canonical(name: str, device_type: str | None) -> str:
+    """``impl:device`` for a bare implementation name, given the inputs' device type."""
+    if not isinstance(name, str):
+        raise TypeError(f"backend must be a backend name (str), got {name!r}")
+    name = ALIASES.get(name, name)
+    base, _, device = name.partition(":")
+    if device or base not in _REGISTRY:
+        return name
+    chosen = _instantiate(base).device_for(device_type or "cpu")
+    return f"{base}:{chosen}" if chosen else base
+
+
+@functools.cache
+def _warn_once(requested: str, skipped: str, reason: str, chosen: str) -> None:
+    log.warning("portable_verify: %s skipped %s (%s); using %s (same semantics)",
+                requested, skipped, reason, chosen)
+
+
 def select_backend(requested: str, device_type: str) -> Backend:
     """Resolve ``backend=`` for inputs on ``device_type``.
 
-    ``"auto"`` honours ``PORTABLE_VERIFY_BACKEND`` first, then the first available backend that
-    claims the device type; the device-generic ``torch`` backend is the last resort.
+    ``"auto"`` honours ``PORTABLE_VERIFY_BACKEND`` first, then the preference list of the
+    device type (:data:`AUTO_PREFERENCE`); anything else names one backend, which must run.
     """
-    if requested != "auto":
-        return get_backend(requested)
-    override = os.environ.get(ENV_BACKEND, "").strip()
-    if override and override != "auto":
-        return get_backend(override)
-    for name, entry in _REGISTRY.items():
-        if not entry.auto:
-            continue
-        backend = _instantiate(name)
-        if device_type in backend.device_types and backend.availability().available:
-            return backend
-    return get_backend("torch")
+    if not isinstance(requested, str):
+        raise TypeError(f"backend must be a backend name (str), got {requested!r}")
+    requested = ALIASES.get(requested, requested)
+    if requested == "auto":
+        override = os.environ.get(ENV_BACKEND, "").strip()
+        if override and override != "auto":
+            return select_backend(override, device_type)
+        requested = f"auto:{device_type}"
+    if requested.startswith("auto:"):
+        wanted = requested.partition(":")[2]
+        candidates = AUTO_PREFERENCE.get(wanted, (f"torch:{wanted}",))
+        for i, name in enumerate(candidates):
+            backend = _instantiate(name)
+            status = backend.availability()
+            if status.available:
+                if i > 0:
+                    _warn_once(requested, candidates[0],
+                               _instantiate(candidates[0]).availability().reason, name)
+                return backend
+        return get_backend(candidates[-1])  # raises, naming why
+    return get_backend(_canonical(requested, device_type))
 
 
-register_backend("numpy", _lazy("portable_verify.backends.numpy_ref", "NumpyReferenceBackend"),
-                 auto=False)
-register_backend("torch", _lazy("portable_verify.backends.torch_eager", "TorchBackend"),
-                 auto=False)
-register_backend("cpu", _lazy("portable_verify.backends.torch_eager", "CpuBackend"))
-register_backend("cuda", _lazy("portable_verify.backends.cuda", "CudaBackend"))
-register_backend("xpu", _lazy("portable_verify.backends.xpu", "XpuBackend"))
-_TRITON = _lazy("portable_verify.backends.triton_kernels", "TritonInterpreterBackend")
-register_backend("triton", _TRITON, auto=False)
-register_backend("openvino", _lazy("portable_verify.backends.openvino", "OpenVINOBackend"),
-                 auto=False)
+def _numpy_inputs(inputs: VerifyInputs) -> VerifyInputs:
+    """The same inputs as host numpy arrays (floats upcast to float32)."""
+    changes: dict[str, Any] = {}
+    for f in fields(inputs):
+        value = getattr(inputs, f.name)
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu()
+            if value.is_floating_point() and value.dtype != torch.float32:
+                value = value.float()
+            changes[f.name] = value.numpy()
+    return replace(inputs, **changes)
+
+
+def run(requested: str, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the backend ``requested`` names on ``inputs``; int64 tensors on the inputs' device."""
+    device = inputs.target.device
+    backend = select_backend(requested, device.type)
+    if backend.torch_device_type() != device.type:
+        raise ValueError(
+            f"backend={backend.qualified_name!r} runs on {backend.torch_device_type()} tensors; "
+            f"the inputs are on {device}"
+        )
+    if backend.array_kind == "numpy":
+        tokens, accepted = backend.run(_numpy_inputs(inputs))
+        tokens, accepted = torch.from_numpy(np.asarray(tokens)), torch.from_numpy(
+            np.asarray(accepted))
+    else:
+        tokens, accepted = backend.run(inputs)
+    return (tokens.to(device=device, dtype=torch.int64),
+            accepted.to(device=device, dtype=torch.int64))
+
+
+register_backend("numpy", lazy("portable_verify.backends.numpy_ref", "NumpyReferenceBackend"))
+register_backend("torch", lazy("portable_verify.backends.torch_eager", "TorchBackend"))
+register_backend("triton", lazy("portable_verify.backends.triton_backend", "TritonBackend"))
+register_backend("openvino", lazy("portable_verify.backends.openvino", "OpenVINOBackend"))

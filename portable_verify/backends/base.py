@@ -1,4 +1,10 @@
-"""The one small protocol every backend implements."""
+"""The one small protocol every backend implements.
+
+A backend is one implementation of docs/semantics.md (numpy, torch, Triton, OpenVINO), made
+for one device: the registry name is the implementation and the device is an optional suffix
+(``"torch:cuda"``, ``"openvino:GPU"``). Backends never import one another; dispatch composes
+them (selection, array conversion, fallbacks).
+"""
 
 from __future__ import annotations
 
@@ -20,14 +26,52 @@ class Availability:
         return self.available
 
 
+@dataclass(frozen=True)
+class BackendTraits:
+    """What a backend is like, so that tests and tools never branch on its name.
+
+    ``is_reference``: it is the executable specification the others are compared with.
+    ``statistical_sizes``: a call is fast enough for statistical sample sizes (thousands of
+    requests per check).
+    ``full_conformance_sizes``: the test suite runs the full (not the quick) conformance sizes.
+    """
+
+    is_reference: bool = False
+    statistical_sizes: bool = True
+    full_conformance_sizes: bool = True
+
+
 class Backend(ABC):
-    """A verifier implementation. Backends never import one another; dispatch composes them."""
+    """A verifier implementation on one device."""
 
     name: ClassVar[str]
+    """Registry name: the implementation (``"torch"``); :attr:`device` completes it."""
     description: ClassVar[str]
     array_kind: ClassVar[Literal["torch", "numpy"]] = "torch"
-    device_types: ClassVar[tuple[str, ...]] = ()
-    """Torch device types this backend is the automatic choice for."""
+    devices: ClassVar[tuple[str, ...]] = ()
+    """Device suffixes this implementation knows; the first is its default."""
+    traits: BackendTraits = BackendTraits()
+
+    def __init__(self, device: str | None = None) -> None:
+        if self.devices and device is not None and device not in self.devices:
+            raise ValueError(
+                f"backend {self.name!r} has no device {device!r}; devices: {list(self.devices)}"
+            )
+        self.device = device
+
+    @classmethod
+    def device_for(cls, torch_device_type: str) -> str | None:
+        """The device a bare name (``"openvino"``) means for inputs on ``torch_device_type``."""
+        return cls.devices[0] if cls.devices else None
+
+    @property
+    def qualified_name(self) -> str:
+        """``name:device`` (just ``name`` for a device-less backend such as ``numpy``)."""
+        return f"{self.name}:{self.device}" if self.device else self.name
+
+    def torch_device_type(self) -> str:
+        """The torch device type its inputs must live on (``"cpu"`` for host backends)."""
+        return "cpu"
 
     @abstractmethod
     def availability(self) -> Availability:
@@ -41,4 +85,4 @@ class Backend(ABC):
         """
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.name!r}>"
+        return f"<{type(self).__name__} {self.qualified_name!r}>"

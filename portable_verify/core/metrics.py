@@ -28,12 +28,18 @@ Ratios with a zero denominator are NaN.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from portable_verify.core.types import VerifyResult
+
+class CallCounts(Protocol):
+    """What the metrics read of a verification result (``VerifyResult`` satisfies it)."""
+
+    token_ids: Any
+    num_accepted: Any
+    num_draft_tokens: Any
 
 COUNT_KEYS: tuple[str, ...] = (
     "num_requests",
@@ -81,7 +87,7 @@ def _ratios(c: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def compute_metrics(result: VerifyResult) -> dict[str, Any]:
+def compute_metrics(result: CallCounts) -> dict[str, Any]:
     """Causal metrics of one call, as 0-dim tensors (``[K]`` per position) on its device.
 
     numpy results give numpy values. No host synchronisation; see the module docstring for the
@@ -131,9 +137,9 @@ class MetricsAccumulator:
         self.num_calls = 0
         self._totals: dict[str, torch.Tensor] | None = None
 
-    def update(self, result: VerifyResult | dict[str, Any]) -> None:
-        """Add one call, given as its :class:`VerifyResult` or its :func:`compute_metrics`."""
-        m = compute_metrics(result) if isinstance(result, VerifyResult) else result
+    def update(self, result: CallCounts | dict[str, Any]) -> None:
+        """Add one call, given as its ``VerifyResult`` or its :func:`compute_metrics`."""
+        m = result if isinstance(result, dict) else compute_metrics(result)
         keys = (*COUNT_KEYS, "num_accepted_per_position")
         counts = {key: torch.as_tensor(m[key]) for key in keys}
         self.num_calls += 1
@@ -172,9 +178,12 @@ def _add_padded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return out
 
 
-_EMPTY = VerifyResult(
-    token_ids=np.zeros((0, 1), dtype=np.int64),
-    num_accepted=torch.zeros(0, dtype=torch.int64),
-    num_emitted=torch.zeros(0, dtype=torch.int64),
-    num_draft_tokens=torch.zeros(0, dtype=torch.int64),
-)
+class _NoCalls:
+    """The counts of zero calls (what :meth:`MetricsAccumulator.totals` reports before any)."""
+
+    token_ids = np.zeros((0, 1), dtype=np.int64)
+    num_accepted = torch.zeros(0, dtype=torch.int64)
+    num_draft_tokens = torch.zeros(0, dtype=torch.int64)
+
+
+_EMPTY = _NoCalls()

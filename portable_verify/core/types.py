@@ -2,19 +2,49 @@
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, fields, replace
 from typing import Any, Literal
 
-import numpy as np
 import torch
+
+from portable_verify.core.metrics import compute_metrics
 
 PLACEHOLDER_TOKEN_ID = -1
 """Fills ``token_ids`` after a row's emitted tokens."""
 
+INVALID_DRAFT_TOKEN_ID = -1
+"""A draft slot with no proposal (serving engines pad with it): it ends the request's drafts."""
+
 Method = Literal["auto", "greedy", "rejection", "typical"]
 METHODS: tuple[str, ...] = ("auto", "greedy", "rejection", "typical")
-DEFAULT_TYPICAL_EPS = 0.09
-DEFAULT_TYPICAL_ALPHA = 0.3
+
+
+@dataclass(frozen=True)
+class TypicalParams:
+    """Medusa's typical-acceptance threshold ``min(eps, alpha * exp(-H(p)))``.
+
+    The defaults are vLLM's (``posterior_threshold``, ``posterior_alpha``). Both must be finite
+    and ``>= 0``: a negative threshold would accept tokens the target gives probability 0.
+    """
+
+    eps: float = 0.09
+    alpha: float = 0.3
+
+    def __post_init__(self) -> None:
+        for field_name, argument in (("eps", "typical_eps"), ("alpha", "typical_alpha")):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"{argument} must be a real number, got {value!r}")
+            if not (math.isfinite(float(value)) and float(value) >= 0):
+                raise ValueError(f"{argument} must be finite and >= 0, got {value!r}")
+            object.__setattr__(self, field_name, float(value))
+
+
+DEFAULT_TYPICAL = TypicalParams()
+DEFAULT_TYPICAL_EPS = DEFAULT_TYPICAL.eps
+DEFAULT_TYPICAL_ALPHA = DEFAULT_TYPICAL.alpha
 
 
 @dataclass(frozen=True)
@@ -37,8 +67,15 @@ class VerifyInputs:
     none_greedy: bool  # known on the host: no row is greedy (skip the argmax pass)
     sampled_method: Literal["rejection", "typical"]
     uniforms: Any | None  # float32 [B, K+1] in (0, 1]; None when all_greedy
-    typical_eps: float = DEFAULT_TYPICAL_EPS
-    typical_alpha: float = DEFAULT_TYPICAL_ALPHA
+    typical: TypicalParams = DEFAULT_TYPICAL
+
+    @property
+    def typical_eps(self) -> float:
+        return self.typical.eps
+
+    @property
+    def typical_alpha(self) -> float:
+        return self.typical.alpha
 
     @property
     def batch_size(self) -> int:
@@ -82,13 +119,4 @@ class VerifyResult:
 
     def metrics(self) -> dict[str, Any]:
         """Causal acceptance counters of this call (see :mod:`portable_verify.core.metrics`)."""
-        from portable_verify.core.metrics import compute_metrics
-
         return compute_metrics(self)
-
-
-def as_numpy(x: Any) -> np.ndarray:
-    """Host numpy view of a tensor or array-like (copies only when it must)."""
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)

@@ -4,7 +4,7 @@ Why a second front door: a serving engine packs every request's drafts back to b
 them to ``[B, K+1, V]`` would copy the whole target (the largest tensor of the step). Instead the
 ragged call builds the same row maps the padded call builds (``rows [B, K+1]``, ``draft_rows
 [B, K]``) pointing into the flat tensors, and hands both to the shared tail
-:func:`portable_verify.core.api._run`, so every backend sees the ragged layout without a copy.
+:func:`portable_verify.api.call.decide`, so every backend sees the ragged layout without a copy.
 """
 
 from __future__ import annotations
@@ -13,8 +13,20 @@ import numbers
 
 import torch
 
-from portable_verify.core.api import ArrayLike, _run, _target_argument, _to_tensor
-from portable_verify.core.types import DEFAULT_TYPICAL_ALPHA, DEFAULT_TYPICAL_EPS, VerifyResult
+from portable_verify.api.call import (
+    CallLayout,
+    CallOptions,
+    check_options,
+    decide,
+    target_argument,
+)
+from portable_verify.core.arguments import ArrayLike, to_tensor
+from portable_verify.core.types import (
+    DEFAULT_TYPICAL_ALPHA,
+    DEFAULT_TYPICAL_EPS,
+    TypicalParams,
+    VerifyResult,
+)
 from portable_verify.core.validation import (
     require_float,
     require_int,
@@ -39,6 +51,7 @@ def verify_ragged(
     max_num_draft_tokens: int | None = None,
     typical_eps: float = DEFAULT_TYPICAL_EPS,
     typical_alpha: float = DEFAULT_TYPICAL_ALPHA,
+    bonus_token_ids: ArrayLike | None = None,
     backend: str = "auto",
     validate: bool = True,
 ) -> VerifyResult:
@@ -50,7 +63,8 @@ def verify_ragged(
     :func:`portable_verify.verify` with ``K = max_k`` (docs/semantics.md).
 
     Args:
-        draft_token_ids: int ``[N]``, every request's drafts back to back.
+        draft_token_ids: int ``[N]``, every request's drafts back to back; ``-1`` marks a slot
+            with no proposal (the request's drafts end there).
         num_draft_tokens: int ``[B]`` drafts per request (``n_i >= 0``, summing to ``N``).
         cu_num_draft_tokens: int ``[B+1]`` cumulative offsets starting at 0 (instead of counts).
         target_logits: float ``[N+B, V]``; each request's bonus row follows its draft rows.
@@ -60,6 +74,8 @@ def verify_ragged(
             :func:`portable_verify.verify` (per-request ``[B]`` tensors where they are tensors).
         uniforms: float32 ``[B, max_k+1]`` in (0, 1], the padded call's layout: column ``j <
             max_k`` is position ``j``'s acceptance uniform, column ``max_k`` the draw uniform.
+        bonus_token_ids: int ``[B]`` (or ``[B, 1]``): the caller's own token for a request whose
+            drafts were all accepted (vLLM samples its bonus tokens itself).
         max_num_draft_tokens: ``max_k``, an upper bound of every ``n_i``. Give it to avoid the
             one host sync that ``max(num_draft_tokens)`` costs (e.g. vLLM's ``max_spec_len``).
         validate: check the inputs first (``True`` costs two device syncs: the layout, then
@@ -77,15 +93,19 @@ def verify_ragged(
     tensor([[ 1,  0, -1],
             [ 2, -1, -1]])
     """
+    options = CallOptions(method, temperature, seed, seed_offset, uniforms,
+                          TypicalParams(typical_eps, typical_alpha), bonus_token_ids, backend,
+                          validate)
+    check_options(options)
     return_numpy = not isinstance(draft_token_ids, torch.Tensor)
-    flat = _to_tensor("draft_token_ids", draft_token_ids)
-    target, target_name = _target_argument(target_logits, target_probs)
-    q = _to_tensor("draft_probs", draft_probs)
-    counts_in = _to_tensor("num_draft_tokens", num_draft_tokens)
-    cu_in = _to_tensor("cu_num_draft_tokens", cu_num_draft_tokens)
+    flat = to_tensor("draft_token_ids", draft_token_ids)
+    target, target_name = target_argument(target_logits, target_probs)
+    q = to_tensor("draft_probs", draft_probs)
+    counts_in = to_tensor("num_draft_tokens", num_draft_tokens)
+    cu_in = to_tensor("cu_num_draft_tokens", cu_num_draft_tokens)
     if (counts_in is None) == (cu_in is None):
         raise ValueError("give exactly one of num_draft_tokens and cu_num_draft_tokens")
-    explicit_u = _to_tensor("uniforms", uniforms)
+    explicit_u = to_tensor("uniforms", uniforms)
     max_num_draft_tokens = _max_k_argument(max_num_draft_tokens)
     if validate:
         _check_structure(flat, counts_in, cu_in, target, target_name, q, explicit_u)
@@ -106,26 +126,17 @@ def verify_ragged(
         _check_uniforms_shape(explicit_u, b, max_k)
 
     rows, drafts, draft_rows = _row_maps(flat.to(device), counts, starts, max_k)
-    return _run(
+    has_q = q is not None and n_total > 0  # with no drafts at all, q is never read
+    layout = CallLayout(
         drafts=drafts,
         counts=counts,
         target=target,
         target_name=target_name,
         rows=rows,
-        # With no drafts at all, q is never read; dropping it avoids indexing an empty tensor.
-        draft_probs=q if (q is not None and n_total > 0) else None,
-        draft_rows=draft_rows if (q is not None and n_total > 0) else None,
-        method=method,
-        temperature=temperature,
-        seed=seed,
-        seed_offset=seed_offset,
-        explicit_u=explicit_u,
-        typical_eps=typical_eps,
-        typical_alpha=typical_alpha,
-        backend=backend,
-        validate=validate,
-        return_numpy=return_numpy,
+        draft_probs=q if has_q else None,
+        draft_rows=draft_rows if has_q else None,
     )
+    return decide(layout, options, return_numpy)
 
 
 def _max_k_argument(max_k: int | None) -> int | None:

@@ -1,0 +1,1 @@
+"""The front doors: padded ``verify`` and ragged ``verify_ragged``, over one shared tail."""

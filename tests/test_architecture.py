@@ -1,0 +1,136 @@
+"""The package's layering, read from its own imports (docs/architecture.md).
+
+Every import of a ``portable_verify`` module, at module level or inside a function, is an edge.
+The edges must only look down the layers, backends must not import one another, and the graph
+must have no cycle: an import placed inside a function to dodge a loop would still close one
+here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import portable_verify
+
+ROOT = Path(portable_verify.__file__).parent
+PACKAGE = "portable_verify"
+
+LAYERS: dict[str, int] = {
+    "core": 0,
+    "backends": 1,
+    "dispatch": 2,
+    "api": 3,
+    "": 4,  # the package itself: the public names
+    "integrations": 5,
+    "testing": 5,
+    "bench": 5,
+    "e2e": 5,
+    "cli": 6,
+}
+
+BACKEND_FAMILIES = ("numpy_ref", "torch_eager", "openvino", "triton")
+"""Module-name prefixes of the backends; a backend's modules may import each other and base."""
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {_module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def _imports(name: str) -> set[str]:
+    """The package modules ``name`` imports, wherever the import statement stands."""
+    tree = ast.parse(MODULES[name].read_text(encoding="utf-8"))
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if sub in MODULES else node.module)
+    return {m for m in found if m == PACKAGE or m.startswith(PACKAGE + ".")} - {name}
+
+
+GRAPH = {name: _imports(name) for name in MODULES}
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    top = parts[1] if len(parts) > 1 else ""
+    return LAYERS[top]
+
+
+def test_every_subpackage_has_a_layer() -> None:
+    for module in MODULES:
+        _layer(module)  # KeyError names a subpackage missing from LAYERS (and the doc)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_only_look_down(module: str) -> None:
+    upward = [m for m in GRAPH[module] if _layer(m) > _layer(module)]
+    assert not upward, f"{module} (layer {_layer(module)}) imports upward: {upward}"
+
+
+def test_backends_do_not_import_one_another() -> None:
+    def family(module: str) -> str | None:
+        leaf = module.split(".")[-1]
+        return next((f for f in BACKEND_FAMILIES if leaf.startswith(f)), None)
+
+    for module, imported in GRAPH.items():
+        if not module.startswith(f"{PACKAGE}.backends.") or family(module) is None:
+            continue
+        for other in imported:
+            if other.startswith(f"{PACKAGE}.backends."):
+                assert family(other) in (family(module), None), f"{module} imports {other}"
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (as a path that returns to its start), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if nxt == PACKAGE:
+                continue  # `import portable_verify` from above is checked by the layer test
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            if state.get(nxt) is None and (cycle := visit(nxt)):
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for module in sorted(graph):
+        if state.get(module) is None and (cycle := visit(module)):
+            return cycle
+    return None
+
+
+def test_no_import_cycles() -> None:
+    cycle = find_cycle(GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_the_checker_finds_the_loop_this_layout_removed() -> None:
+    """Negative control: the old front door imported dispatch inside a function, and dispatch
+    reached it back through a backend; the checker must see that loop and the upward edge."""
+    old = {
+        f"{PACKAGE}.core.api": {f"{PACKAGE}.dispatch"},  # the function-local import
+        f"{PACKAGE}.dispatch": {f"{PACKAGE}.backends.torch_eager"},
+        f"{PACKAGE}.backends.torch_eager": {f"{PACKAGE}.core.api"},
+    }
+    assert find_cycle(old) is not None
+    assert _layer(f"{PACKAGE}.dispatch") > _layer(f"{PACKAGE}.core.api")
+    tree = ast.parse("def f():\n    from portable_verify import dispatch\n")
+    assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(tree))  # function bodies are read
