@@ -19,12 +19,11 @@ import pytest
 import torch
 
 import portable_verify as pv
-from portable_verify import dispatch
 from portable_verify.backends import numpy_ref
 from portable_verify.backends.numpy_ref import NumpyReferenceBackend
 from portable_verify.backends.torch_eager import TorchBackend
+from portable_verify.testing.checks.near_boundary import near_boundary_rows
 from portable_verify.testing.kit import run_check
-from portable_verify.testing.margins import near_boundary_rows
 
 
 def _last_argmax(row: np.ndarray) -> int:
@@ -90,11 +89,11 @@ class NanToV(NumpyReferenceBackend):
 def registered(cls: type) -> Iterator[str]:
     name = f"broken-{cls.__name__.lower()}"
     cls.name = name
-    pv.register_backend(name, lambda _suffix: cls(), auto=False)
+    pv.register_backend(name, lambda _device: cls())
     try:
         yield name
     finally:  # never leave a broken backend where test_conformance would find it
-        dispatch.unregister_backend(name)
+        pv.unregister_backend(name)
 
 
 @pytest.mark.parametrize(
@@ -169,7 +168,7 @@ import sys
 import torch
 import portable_verify as pv
 from portable_verify.backends.numpy_ref import NumpyReferenceBackend
-from portable_verify.testing.soak import soak
+from portable_verify.testing.checks.memory_soak import soak
 
 
 class Leaky(NumpyReferenceBackend):
@@ -183,7 +182,7 @@ class Leaky(NumpyReferenceBackend):
         return super().run(inputs)
 
 
-pv.register_backend("_leaky", lambda _suffix: Leaky(), auto=False)
+pv.register_backend("_leaky", lambda _device: Leaky())
 result = soak("_leaky", 2_000)
 print(result.passed)
 print(result.detail)

@@ -7,19 +7,21 @@ each request's bonus row right after its draft rows) and both calls must agree b
 from __future__ import annotations
 
 import doctest
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
 
 import portable_verify as pv
-from portable_verify.core import ragged
+from portable_verify.api import ragged
 from portable_verify.core.types import VerifyInputs
-
-# Slow or still-young backends get fewer random cases; every backend sees every variant.
-_TRIALS = {"numpy": 30, "cpu": 30, "torch": 30}
-_OTHER_TRIALS = 6
-_BACKENDS = sorted(set(pv.available_backends()) | {"numpy", "cpu"})
+from portable_verify.testing.cases.random_cases import (
+    INPUT_FORMS,
+    as_numpy,
+    build_case,
+    random_spec,
+)
 
 
 def _flatten(
@@ -36,40 +38,27 @@ def _flatten(
     return flat, rows, fq
 
 
-def _case(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, dict, torch.Tensor]:
-    b = int(torch.randint(0, 5, (1,), generator=g))
-    k = int(torch.randint(0, 4, (1,), generator=g))
-    v = int(torch.randint(1, 7, (1,), generator=g))
-    logits = torch.randn(b, k + 1, v, generator=g) * 2
-    probs = torch.softmax(logits, -1)
-    drafts = torch.randint(0, v, (b, k), generator=g)
-    n = torch.randint(0, k + 1, (b,), generator=g)
-    temp = torch.rand(b, generator=g) * 2 * (torch.rand(b, generator=g) > 0.3)  # some 0s
-    dq = torch.softmax(torch.randn(b, k, v, generator=g) * 2, -1)
-    variants = {
-        "logits+temperature": dict(target_logits=logits, temperature=temp),
-        "probs": dict(target_probs=probs),
-        "probs+draft_probs": dict(target_probs=probs, draft_probs=dq),
-        "logits+draft_probs": dict(target_logits=logits, draft_probs=dq, temperature=temp),
-    }
-    u = torch.randint(1, 2**24 + 1, (b, k + 1), generator=g).float() * 2.0**-24
-    return drafts, n, variants, u
+def _padded_forms(gen: np.random.Generator) -> dict[str, dict]:
+    """One random ragged case (B <= 4, K <= 3, V <= 6) in each input form, as padded calls."""
+    spec = replace(random_spec(gen, max_batch=4, max_positions=3, max_vocab=6), ragged=True,
+                   temperature="vector")
+    return {form: build_case(spec.in_form(form)) for form in INPUT_FORMS}
 
 
-def _ragged_kwargs(kw: dict, drafts: torch.Tensor, n: torch.Tensor) -> tuple[torch.Tensor, dict]:
+def _ragged_call(padded: dict) -> dict:
+    """The flat (vLLM v1) layout of a padded call; ``max_num_draft_tokens`` = its K."""
+    kw = dict(padded)
+    drafts, n = kw.pop("draft_token_ids"), kw["num_draft_tokens"]
     target_name = "target_logits" if "target_logits" in kw else "target_probs"
-    flat, rows, fq = _flatten(drafts, n, kw[target_name], kw.get("draft_probs"))
-    out = {key: value for key, value in kw.items() if key not in (target_name, "draft_probs")}
-    out[target_name] = rows
+    flat, rows, fq = _flatten(drafts, n, kw[target_name], kw.pop("draft_probs", None))
+    kw[target_name] = rows
     if fq is not None:
-        out["draft_probs"] = fq
-    return flat, out
+        kw["draft_probs"] = fq
+    return dict(kw, draft_token_ids=flat, max_num_draft_tokens=drafts.shape[1])
 
 
 def _skip_if_padded_call_fails(backend: str, method: str) -> None:
     """A backend that cannot run the padded call is the conformance suite's finding, not ours."""
-    if backend in _TRIALS:
-        return
     logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0))
     try:
         pv.verify(torch.tensor([[1, 2], [3, 4]]), target_logits=logits, method=method, seed=0,
@@ -78,58 +67,56 @@ def _skip_if_padded_call_fails(backend: str, method: str) -> None:
         pytest.skip(f"backend {backend!r} fails the padded call too: {exc!r:.200}")
 
 
-@pytest.mark.parametrize("backend", _BACKENDS)
 @pytest.mark.parametrize("method", ["greedy", "rejection", "typical"])
-def test_ragged_equals_padded(backend: str, method: str) -> None:
-    _skip_if_padded_call_fails(backend, method)
-    g = torch.Generator().manual_seed(7 + len(method))
-    for trial in range(_TRIALS.get(backend, _OTHER_TRIALS)):
-        drafts, n, variants, u = _case(g)
-        b, k = drafts.shape
-        seeds = torch.arange(b) * 31 + trial
-        for label, kw in variants.items():
-            flat, rkw = _ragged_kwargs(kw, drafts, n)
-            for rng in (dict(seed=seeds, seed_offset=trial), dict(uniforms=u)):
-                want = pv.verify(drafts, num_draft_tokens=n, method=method, backend="numpy",
-                                 **rng, **kw)
-                got = pv.verify_ragged(flat, num_draft_tokens=n, max_num_draft_tokens=k,
-                                       method=method, backend=backend, **rng, **rkw)
-                where = (trial, label, list(rng))
+def test_ragged_equals_padded(available_backend: str, method: str) -> None:
+    _skip_if_padded_call_fails(available_backend, method)
+    traits = pv.get_backend(available_backend).traits
+    gen = np.random.default_rng(7 + len(method))
+    trials = 30 if traits.full_conformance_sizes or traits.is_reference else 6
+    for trial in range(trials):
+        for label, padded in _padded_forms(gen).items():
+            b = padded["draft_token_ids"].shape[0]
+            seeded = {k: v for k, v in padded.items() if k != "uniforms"}
+            seeded |= dict(seed=torch.arange(b) * 31 + trial, seed_offset=trial)
+            for call in (seeded, padded):  # seeds, then explicit uniforms
+                want = pv.verify(**call, method=method, backend="numpy")
+                got = pv.verify_ragged(**_ragged_call(call), method=method,
+                                       backend=available_backend)
+                where = (trial, label, "uniforms" in call)
                 assert torch.equal(got.token_ids, want.token_ids), where
                 assert torch.equal(got.num_accepted, want.num_accepted), where
-                assert torch.equal(got.num_draft_tokens, n), where
+                assert torch.equal(got.num_draft_tokens, call["num_draft_tokens"]), where
 
 
-@pytest.mark.parametrize("backend", ["numpy", "cpu"])
+@pytest.mark.parametrize("backend", ["numpy", "torch:cpu"])
 def test_cu_offsets_and_inferred_width(backend: str) -> None:
     """Offsets give the counts' answers; without max_k the width is max(n)+1 (seeded numbers
     do not depend on the width)."""
-    g = torch.Generator().manual_seed(3)
+    gen = np.random.default_rng(3)
     for trial in range(20):
-        drafts, n, variants, _ = _case(g)
-        kw = variants["logits+draft_probs"]
-        flat, rkw = _ragged_kwargs(kw, drafts, n)
+        padded = _padded_forms(gen)["logits+q"]
+        padded.pop("uniforms")
+        n = padded["num_draft_tokens"]
+        padded["seed"] = torch.arange(n.shape[0]) + 100 * trial
+        want = pv.verify(**padded, backend="numpy")
+        call = _ragged_call(padded)
+        del call["num_draft_tokens"], call["max_num_draft_tokens"]
         cu = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(n, 0)])
-        seeds = torch.arange(drafts.shape[0]) + 100 * trial
-        want = pv.verify(drafts, num_draft_tokens=n, seed=seeds, backend="numpy", **kw)
-        got = pv.verify_ragged(flat, cu_num_draft_tokens=cu, seed=seeds, backend=backend, **rkw)
+        got = pv.verify_ragged(**call, cu_num_draft_tokens=cu, backend=backend)
         width = int(n.max()) + 1 if n.numel() else 1
-        assert got.token_ids.shape == (drafts.shape[0], width)
+        assert got.token_ids.shape == (n.shape[0], width)
         assert torch.equal(got.token_ids, want.token_ids[:, :width]), trial
         assert torch.equal(got.num_accepted, want.num_accepted), trial
 
 
 def test_int_seed_and_numpy_in_numpy_out() -> None:
-    g = torch.Generator().manual_seed(11)
-    drafts, n, variants, _ = _case(g)
-    while drafts.shape[0] == 0:
-        drafts, n, variants, _ = _case(g)
-    kw = variants["probs+draft_probs"]
-    flat, rkw = _ragged_kwargs(kw, drafts, n)
-    want = pv.verify(drafts, num_draft_tokens=n, seed=5, **kw)
-    got = pv.verify_ragged(flat.numpy(), num_draft_tokens=n.numpy(),
-                           max_num_draft_tokens=drafts.shape[1], seed=5,
-                           **{key: v.numpy() for key, v in rkw.items()})
+    padded = {"draft_token_ids": torch.zeros(0, 0)}
+    gen = np.random.default_rng(11)
+    while padded["draft_token_ids"].shape[0] == 0:
+        padded = _padded_forms(gen)["probs+q"]
+    del padded["uniforms"]
+    want = pv.verify(**padded, seed=5)
+    got = pv.verify_ragged(**as_numpy(_ragged_call(padded)), seed=5)
     assert isinstance(got.token_ids, np.ndarray)
     np.testing.assert_array_equal(got.token_ids, want.token_ids.numpy())
 

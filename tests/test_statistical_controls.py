@@ -1,7 +1,8 @@
 """The statistical checks can fail: their machinery is calibrated and the controls are caught.
 
-* the exact law of :mod:`stats_exact` reproduces the losslessness theorem for the correct rule,
-  and differs from the target for every wrong rule in the scenarios designed to catch it;
+* the exact law (``testing/stats/exact_laws.py``) reproduces the losslessness theorem for the
+  correct rule, and differs from the target for every wrong rule in the scenarios designed to
+  catch it;
 * the chi-square test holds its false-alarm rate and its computed power matches simulation;
 * every negative control fails the statistical checks designed for it, at the kit's own sample
   sizes, while the same test double with the correct rule passes them all.
@@ -10,41 +11,36 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
-import torch
 
 import portable_verify as pv
-from portable_verify.testing import statistical as st
-from portable_verify.testing.stats_controls import CONTROLS, POSITIVE_CONTROL, controls_registered
-from portable_verify.testing.stats_core import (
+from portable_verify.testing.checks.losslessness import negative_controls_caught
+from portable_verify.testing.stats.chi_square import (
     MIN_EXPECTED,
     chi_square_fit,
     merge_bins,
     power_against,
 )
-from portable_verify.testing.stats_exact import EXACT, law_of_view
-from portable_verify.testing.stats_model import simulate, target_law
+from portable_verify.testing.stats.exact_laws import EXACT, law_of_view
+from portable_verify.testing.stats.negative_controls import (
+    CONTROLS,
+    POSITIVE_CONTROL,
+    controls_registered,
+)
+from portable_verify.testing.stats.scenarios import SCENARIOS, views
+from portable_verify.testing.stats.toy_decoding import simulate, target_law
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread() -> Iterator[None]:
-    """Small tensors: a second intra-op thread only oversubscribes CI's 2 cores."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
-
-SMALL = [name for name, s in st.SCENARIOS.items() if s.vocab <= 64]
+SMALL = [name for name, s in SCENARIOS.items() if s.vocab <= 64]
 
 
 @pytest.mark.parametrize("name", SMALL)
 def test_exact_rule_law_is_the_target_law(name: str) -> None:
-    scenario = st.SCENARIOS[name]
-    for view in st.views(scenario):
+    scenario = SCENARIOS[name]
+    for view in views(scenario):
         np.testing.assert_allclose(
             law_of_view(scenario, EXACT, view), target_law(scenario, view), atol=1e-6
         )
@@ -57,8 +53,8 @@ def test_every_control_is_a_real_alternative_somewhere() -> None:
             name
             for name in SMALL
             if np.abs(
-                law_of_view(st.SCENARIOS[name], rule, (0, 1))
-                - target_law(st.SCENARIOS[name], (0, 1))
+                law_of_view(SCENARIOS[name], rule, (0, 1))
+                - target_law(SCENARIOS[name], (0, 1))
             ).sum()
             > 0.02
         ]
@@ -107,7 +103,7 @@ def test_false_alarm_rate_and_power_match_simulation() -> None:
 
 def test_exact_rule_double_matches_the_reference_token_for_token() -> None:
     """The controls' harness is the reference when its rule is right (so bugs are the rule's)."""
-    scenario = dataclasses.replace(st.SCENARIOS["sequence_joint"], quick_trials=400)
+    scenario = dataclasses.replace(SCENARIOS["sequence_joint"], quick_trials=400)
     want = simulate(scenario, "numpy", quick=True)
     with controls_registered():
         got = simulate(scenario, POSITIVE_CONTROL, quick=True)
@@ -115,7 +111,7 @@ def test_exact_rule_double_matches_the_reference_token_for_token() -> None:
 
 
 def test_negative_controls_are_caught_where_designed() -> None:
-    result = st.negative_controls_caught("cpu", quick=True)
+    result = negative_controls_caught("numpy", quick=True)
     assert result.passed, result.detail
     for control in CONTROLS:
         assert result.stats["caught_by"][control], control

@@ -1,6 +1,6 @@
 """Front-door validation: every documented bad input is refused with a message naming it.
 
-The cases are the table the conformance kit uses (portable_verify/testing/cases_bad.py), so a
+The cases are the table the conformance kit uses (portable_verify/testing/cases/bad_inputs.py), so a
 new bad input is added once and checked everywhere. Validation happens before dispatch, so these
 tests run on the reference backend only; the kit repeats them per backend.
 """
@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import portable_verify as pv
-from portable_verify.testing.cases_bad import ACCEPTED, BAD_CASES, probs_call, valid_call
-from portable_verify.testing.exact import check_shapes
+from portable_verify.core.validation import require_same_device
+from portable_verify.testing.cases.bad_inputs import ACCEPTED, BAD_CASES, probs_call, valid_call
+from portable_verify.testing.checks.reference_comparison import check_shapes
 
 
 @pytest.mark.parametrize("case", BAD_CASES, ids=[c.label for c in BAD_CASES])
@@ -34,11 +35,17 @@ def test_borderline_input_is_accepted(label: str, build) -> None:  # type: ignor
 
 
 def test_device_message_lists_both_devices() -> None:
+    cpu, meta = torch.zeros(1), torch.zeros(1, device="meta")
+    with pytest.raises(ValueError, match="one device") as info:
+        require_same_device({"draft_token_ids": cpu, "target_logits": meta})
+    assert "target_logits on meta" in str(info.value) and "cpu" in str(info.value)
+
+
+def test_meta_tensors_are_refused_naming_the_argument() -> None:
     call = valid_call()
     call["target_logits"] = call["target_logits"].to("meta")
-    with pytest.raises(ValueError, match="one device") as info:
+    with pytest.raises(ValueError, match="target_logits is a meta tensor"):
         pv.verify(**call)
-    assert "meta" in str(info.value) and "cpu" in str(info.value)
 
 
 def test_first_bad_entry_is_located() -> None:

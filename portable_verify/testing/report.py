@@ -8,12 +8,11 @@ its verdict, so a FAIL can be read without rerunning anything.
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from portable_verify.testing.kit import Check, CheckResult, all_checks
+from portable_verify.testing.kit import Check, CheckResult, all_checks, skipped_under_quick
 
 MAX_CELL = 260
 
@@ -39,7 +38,7 @@ def run_checks(
     checks: list[Check] | None = None,
     progress: Callable[[Row], None] | None = None,
 ) -> list[Row]:
-    """Every (or each given) check on every backend; a check that raises becomes a FAIL row.
+    """Every (or each given) check on every backend (a check that raises is a FAIL row).
 
     ``progress`` is called with each row as soon as it is decided (long runs show life).
     """
@@ -48,17 +47,7 @@ def run_checks(
     for backend in backends:
         for c in checks:
             start = time.perf_counter()
-            if quick and not c.quick:
-                result = CheckResult(c.name, True, "skipped under --quick", skipped=True)
-            else:
-                try:
-                    result = c.fn(backend, quick)
-                except Exception as exc:  # a crash is a verdict too, not the end of the run
-                    where = traceback.extract_tb(exc.__traceback__)[-1]
-                    result = CheckResult(
-                        c.name, False, f"raised {type(exc).__name__}: {exc} "
-                        f"(at {where.filename}:{where.lineno})"
-                    )
+            result = skipped_under_quick(c) if quick and not c.quick else c.fn(backend, quick)
             rows.append(Row(backend, result, time.perf_counter() - start))
             if progress is not None:
                 progress(rows[-1])
@@ -109,10 +98,10 @@ def render(rows: list[Row], console: Any = None) -> None:
 
 def render_text(rows: list[Row]) -> str:
     """The same table as plain text (no rich)."""
-    lines = [f"{'backend':10} {'check':44} {'':4} {'s':>6}  evidence"]
+    lines = [f"{'backend':18} {'check':44} {'':4} {'s':>6}  evidence"]
     for r in rows:
         lines.append(
-            f"{r.backend:10} {r.result.name:44} {r.status:4} {r.seconds:6.1f}  {evidence(r.result)}"
+            f"{r.backend:18} {r.result.name:44} {r.status:4} {r.seconds:6.1f}  {evidence(r.result)}"
         )
     lines.append(summary_line(rows))
     return "\n".join(lines)

@@ -137,7 +137,7 @@ BAD_CASES: tuple[BadCase, ...] = (
     BadCase("int uniforms", _with(_logits, uniforms=torch.ones(B, K + 1, dtype=torch.int64)),
             "uniforms", TypeError),
     # values
-    BadCase("id negative", _with(_logits, draft_token_ids=_set("draft_token_ids", (0, 0), -1)),
+    BadCase("id negative", _with(_logits, draft_token_ids=_set("draft_token_ids", (0, 0), -2)),
             "draft_token_ids", ValueError),
     BadCase("id == V", _with(_logits, draft_token_ids=_set("draft_token_ids", (0, 1), V)),
             "draft_token_ids", ValueError),

@@ -14,10 +14,9 @@ import numpy as np
 import torch
 
 import portable_verify as pv
-from portable_verify.testing.cases_bad import ACCEPTED, BAD_CASES, probs_call, valid_call
-from portable_verify.testing.exact import check_shapes
-from portable_verify.testing.guard import guarded, summarize
-from portable_verify.testing.kit import CheckResult, check
+from portable_verify.testing.cases.bad_inputs import ACCEPTED, BAD_CASES, probs_call, valid_call
+from portable_verify.testing.checks.reference_comparison import check_shapes
+from portable_verify.testing.kit import CheckResult, check, summarize
 
 METHODS = ("greedy", "rejection", "typical")
 
@@ -40,7 +39,6 @@ def expect_error(call: dict[str, Any], backend: str, argument: str,
 
 
 @check("bad_input.raises")
-@guarded("bad_input.raises")
 def raises(backend: str, quick: bool) -> CheckResult:
     """Every documented bad input raises ValueError/TypeError naming the argument."""
     failures = []
@@ -70,7 +68,6 @@ def _unchanged(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 
 
 @check("bad_input.no_mutation")
-@guarded("bad_input.no_mutation")
 def no_mutation(backend: str, quick: bool) -> CheckResult:
     """Inputs are never written, whether the call succeeds, raises, or skips validation."""
     failures = []
@@ -117,7 +114,6 @@ def _garbage_calls() -> list[tuple[str, dict[str, Any]]]:
 
 
 @check("bad_input.unvalidated")
-@guarded("bad_input.unvalidated")
 def unvalidated(backend: str, quick: bool) -> CheckResult:
     """validate=False: no checks run, and NaN/inf inputs still give in-range ids and shapes."""
     failures = []

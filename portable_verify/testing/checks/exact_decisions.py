@@ -2,107 +2,38 @@
 
 Every check drives the backend through the public ``verify(..., backend=name)`` and compares
 with ``backend="numpy"`` (the executable specification) on seeded random cases
-(:mod:`portable_verify.testing.cases_random`) that cover ties, ragged drafts, K=0, B=0, V=1,
+(:mod:`portable_verify.testing.cases.random_cases`) that cover ties, ragged drafts, K=0, B=0, V=1,
 logits and probabilities, with and without draft probabilities, and temperature vectors.
-Sampled rows get explicit ``uniforms`` so results are comparable bit for bit; a disagreement is
-excused only on a row whose reference path has a decision within float rounding of its
-boundary (:mod:`portable_verify.testing.margins`), and those rows are counted in the stats.
+Sampled rows get explicit ``uniforms`` so results are comparable bit for bit; how a disagreement
+near a rounding boundary is excused is in
+:mod:`portable_verify.testing.checks.reference_comparison`.
 """
 
 from __future__ import annotations
-
-from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import torch
 
 import portable_verify as pv
-from portable_verify.testing.cases_random import CaseSpec, build_case, random_specs
-from portable_verify.testing.guard import guarded, summarize
+from portable_verify.testing.cases.dyadic_cases import dyadic_case
+from portable_verify.testing.cases.random_cases import (
+    CaseSpec,
+    as_numpy,
+    build_case,
+    random_specs,
+)
+from portable_verify.testing.checks.near_boundary import near_boundary_rows
+from portable_verify.testing.checks.reference_comparison import (
+    REFERENCE,
+    Tally,
+    compare,
+    host,
+)
 from portable_verify.testing.kit import CheckResult, check
-from portable_verify.testing.margins import near_boundary_rows
 
-REFERENCE = "numpy"
 CASE_SEED = 20260101
 QUICK_CASES = 60
 FULL_CASES = 400
-
-
-@dataclass
-class Tally:
-    """Counts behind an exact check's verdict."""
-
-    cases: int = 0
-    rows: int = 0
-    mismatched_rows: int = 0
-    excused_near_boundary: int = 0
-    near_boundary_rows: int = 0
-    events: Counter[str] = field(default_factory=Counter)  # edge cases the reference went through
-    failures: list[str] = field(default_factory=list)
-
-    def result(self, name: str, **extra: Any) -> CheckResult:
-        passed = not self.failures
-        stats = {k: v for k, v in vars(self).items() if k not in ("failures", "events")}
-        stats |= {f"path.{k}": v for k, v in sorted(self.events.items())} | extra
-        detail = (
-            f"{self.cases} cases, {self.rows} rows identical to the reference "
-            f"({self.excused_near_boundary} near-boundary rows excused)"
-            if passed else summarize(self.failures)
-        )
-        return CheckResult(name, passed, detail, stats)
-
-
-def _np(x: Any) -> np.ndarray:
-    return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
-
-
-def check_shapes(res: pv.VerifyResult, b: int, k: int, v: int) -> str | None:
-    """The documented output contract, independent of any reference; None when it holds."""
-    tokens, accepted = _np(res.token_ids), _np(res.num_accepted)
-    if tokens.shape != (b, k + 1) or accepted.shape != (b,):
-        return f"shapes {tokens.shape}/{accepted.shape}, expected {(b, k + 1)}/{(b,)}"
-    if tokens.dtype != np.int64 or accepted.dtype != np.int64:
-        return f"dtypes {tokens.dtype}/{accepted.dtype}, expected int64"
-    if not np.array_equal(_np(res.num_emitted), accepted + 1):
-        return "num_emitted != num_accepted + 1"
-    pos = np.arange(k + 1)[None, :]
-    emitted = pos <= accepted[:, None]
-    if ((tokens < 0) | (tokens >= v))[emitted].any() or (tokens[~emitted] != -1).any():
-        return "emitted ids outside [0, V) or padding other than -1"
-    return None
-
-
-def compare(
-    tally: Tally, backend: str, label: str, kwargs: dict[str, Any], method: str,
-    tolerate: bool = True,
-) -> pv.VerifyResult:
-    """Run both implementations on ``kwargs`` and record every disagreement in ``tally``."""
-    want = pv.verify(**kwargs, method=method, backend=REFERENCE)
-    got = pv.verify(**kwargs, method=method, backend=backend)
-    b, k = kwargs["draft_token_ids"].shape
-    target = kwargs.get("target_logits", kwargs.get("target_probs"))
-    tally.cases += 1
-    tally.rows += b
-    problem = check_shapes(got, b, k, target.shape[-1])
-    if problem:
-        tally.failures.append(f"{label} {method}: {problem}")
-        return got
-    bad = (_np(want.token_ids) != _np(got.token_ids)).any(1)
-    bad |= _np(want.num_accepted) != _np(got.num_accepted)
-    near = near_boundary_rows(kwargs, method, tally.events)
-    if not tolerate:
-        near[:] = False
-    tally.near_boundary_rows += int(near.sum())
-    tally.mismatched_rows += int(bad.sum())
-    tally.excused_near_boundary += int((bad & near).sum())
-    for i in np.flatnonzero(bad & ~near):
-        tally.failures.append(
-            f"{label} {method} row {i}: reference {_np(want.token_ids)[i].tolist()}, "
-            f"{backend} {_np(got.token_ids)[i].tolist()}"
-        )
-    return got
 
 
 def _specs(quick: bool, salt: int) -> list[CaseSpec]:
@@ -111,7 +42,6 @@ def _specs(quick: bool, salt: int) -> list[CaseSpec]:
 
 
 @check("exact.greedy")
-@guarded("exact.greedy")
 def greedy_exact(backend: str, quick: bool) -> CheckResult:
     """Greedy tokens equal the reference exactly (ties: lowest index), logits or probs."""
     tally = Tally()
@@ -125,7 +55,6 @@ def greedy_exact(backend: str, quick: bool) -> CheckResult:
 
 
 @check("exact.rejection")
-@guarded("exact.rejection")
 def rejection_exact(backend: str, quick: bool) -> CheckResult:
     """Rejection sampling with explicit uniforms equals the reference (near-ties counted)."""
     tally = Tally()
@@ -133,17 +62,16 @@ def rejection_exact(backend: str, quick: bool) -> CheckResult:
         kwargs = build_case(spec)
         got = compare(tally, backend, spec.label, kwargs, "rejection")
         if i % 4 == 0:  # numpy arrays in: numpy arrays out, the same tokens
-            arrays = {k: v.numpy() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+            arrays = as_numpy(kwargs)
             again = pv.verify(**arrays, method="rejection", backend=backend)
             if not isinstance(again.token_ids, np.ndarray):
                 tally.failures.append(f"{spec.label}: numpy inputs gave {type(again.token_ids)}")
-            elif not np.array_equal(again.token_ids, _np(got.token_ids)):
+            elif not np.array_equal(again.token_ids, host(got.token_ids)):
                 tally.failures.append(f"{spec.label}: numpy inputs gave other tokens")
     return tally.result("exact.rejection", tolerance_rtol=1e-5)
 
 
 @check("exact.typical")
-@guarded("exact.typical")
 def typical_exact(backend: str, quick: bool) -> CheckResult:
     """Typical acceptance with explicit uniforms equals the reference (near-ties counted)."""
     tally = Tally()
@@ -155,7 +83,6 @@ def typical_exact(backend: str, quick: bool) -> CheckResult:
 
 
 @check("exact.large_vocab_draws")
-@guarded("exact.large_vocab_draws")
 def large_vocab_draws(backend: str, quick: bool) -> CheckResult:
     """Recovered and bonus draws at serving vocabularies equal the reference (near-ties counted).
 
@@ -184,7 +111,6 @@ def large_vocab_draws(backend: str, quick: bool) -> CheckResult:
 
 
 @check("exact.mixed_greedy_rows")
-@guarded("exact.mixed_greedy_rows")
 def mixed_greedy_rows(backend: str, quick: bool) -> CheckResult:
     """In a batch mixing temperature-0 and sampled rows, greedy rows equal a greedy-only call."""
     tally = Tally()
@@ -195,7 +121,7 @@ def mixed_greedy_rows(backend: str, quick: bool) -> CheckResult:
                         target="logits" if i % 2 else "probs", ties=i % 3 == 0,
                         draft_probs=i % 4 < 2, ragged=i % 5 < 3)
         kwargs = build_case(spec)
-        greedy = _np(kwargs["temperature"]) == 0
+        greedy = host(kwargs["temperature"]) == 0
         for method in ("rejection", "typical"):
             mixed = compare(tally, backend, spec.label, kwargs, method)
             if not greedy.any() or tally.failures:
@@ -206,38 +132,13 @@ def mixed_greedy_rows(backend: str, quick: bool) -> CheckResult:
                 for key, val in kwargs.items() if key not in ("temperature", "uniforms")
             }
             alone = pv.verify(**sub, method="greedy", backend=backend)
-            if not torch.equal(torch.as_tensor(_np(mixed.token_ids))[idx],
-                               torch.as_tensor(_np(alone.token_ids))):
+            if not torch.equal(torch.as_tensor(host(mixed.token_ids))[idx],
+                               torch.as_tensor(host(alone.token_ids))):
                 tally.failures.append(f"{spec.label} {method}: greedy rows differ from greedy-only")
     return tally.result("exact.mixed_greedy_rows")
 
 
-def dyadic_case(gen: np.random.Generator, b: int, k: int, v: int) -> dict[str, Any]:
-    """Probabilities and uniforms on a 1/8 grid: every product and prefix sum is exact.
-
-    With such inputs any summation order gives the same float32 numbers, so ``u * q == p`` and
-    ``cumsum == v * total`` ties are real and the documented ``<=`` / smallest-index rules
-    decide them; no tolerance applies.
-    """
-
-    def grid_rows(shape: tuple[int, ...]) -> np.ndarray:
-        cuts = np.sort(gen.integers(0, 9, (*shape, v - 1)), axis=-1)
-        edges = np.concatenate([np.zeros((*shape, 1)), cuts, np.full((*shape, 1), 8)], -1)
-        return (np.diff(edges, axis=-1) / 8).astype(np.float32)
-
-    p = grid_rows((b, k + 1))
-    q = np.where(gen.random((b, k, 1)) < 0.3, p[:, :k], grid_rows((b, k)))  # q == p: empty
-    return {
-        "draft_token_ids": torch.from_numpy(gen.integers(0, v, (b, k))),
-        "target_probs": torch.from_numpy(p),
-        "draft_probs": torch.from_numpy(q) if gen.random() < 0.5 else None,
-        "num_draft_tokens": torch.from_numpy(gen.integers(0, k + 1, b)),
-        "uniforms": torch.from_numpy((gen.integers(1, 9, (b, k + 1)) / 8).astype(np.float32)),
-    }
-
-
 @check("exact.boundaries")
-@guarded("exact.boundaries")
 def exact_boundaries(backend: str, quick: bool) -> CheckResult:
     """Exact ties (u*q == p, cumsum == threshold, p == q) follow the documented rules exactly."""
     tally = Tally()
@@ -249,33 +150,27 @@ def exact_boundaries(backend: str, quick: bool) -> CheckResult:
 
 
 @check("exact.dtypes")
-@guarded("exact.dtypes")
 def dtypes(backend: str, quick: bool) -> CheckResult:
     """float16/bfloat16 inputs behave as the same values upcast to float32."""
     tally = Tally()
     failures = tally.failures
     for spec in _specs(quick, 6)[: 15 if quick else 120]:
-        kwargs = build_case(spec)
-        name = "target_logits" if "target_logits" in kwargs else "target_probs"
         for dtype in (torch.float16, torch.bfloat16):
-            low = dict(kwargs)
-            for key in (name, "draft_probs"):
-                if low.get(key) is not None:
-                    low[key] = kwargs[key].to(dtype)
-            up = {key: val.float() if key in (name, "draft_probs") and val is not None else val
-                  for key, val in low.items()}
+            low = build_case(spec, dtype=dtype)
+            up = {key: val.float() if isinstance(val, torch.Tensor) and val.is_floating_point()
+                  and key != "uniforms" else val for key, val in low.items()}
             label = f"{spec.label}/{str(dtype)[6:]}"
             got = pv.verify(**low, method="greedy", backend=backend)
             # The half call was validated; upcast half rows may miss the float32 sum tolerance.
             want = pv.verify(**up, method="greedy", backend=REFERENCE, validate=False)
             tally.cases += 1
-            tally.rows += kwargs["draft_token_ids"].shape[0]
-            if not np.array_equal(_np(got.token_ids), _np(want.token_ids)):
+            tally.rows += spec.batch
+            if not np.array_equal(host(got.token_ids), host(want.token_ids)):
                 failures.append(f"{label} greedy differs from the upcast reference")
             # Sampled rows: the backend on half inputs == the reference on upcast inputs.
             same = pv.verify(**low, method="rejection", backend=backend)
             ref = pv.verify(**up, method="rejection", backend=REFERENCE, validate=False)
-            bad = (_np(same.token_ids) != _np(ref.token_ids)).any(1)
+            bad = (host(same.token_ids) != host(ref.token_ids)).any(1)
             near = near_boundary_rows(up, "rejection")
             tally.mismatched_rows += int(bad.sum())
             tally.excused_near_boundary += int((bad & near).sum())

@@ -4,9 +4,12 @@ Rejection sampling is lossless, so for any draft the sequence a backend emits mu
 as the target's autoregressive law. Each check decodes thousands of independent sequences of a
 toy model through ``portable_verify.verify(..., backend=name)`` (one request per sequence, distinct
 per-request seeds, constant shapes) and runs Pearson chi-square tests against that law. Each
-check also reports its power against the negative controls of :mod:`stats_controls`, computed
-exactly by :mod:`stats_exact`; ``negative_controls_caught`` runs those controls through the same
-checks and sample sizes. Hypotheses, sizes and error rates are documented in docs/testing.md.
+check also reports its power against the negative controls of
+:mod:`portable_verify.testing.stats.negative_controls`, computed exactly by
+:mod:`portable_verify.testing.stats.exact_laws`; ``negative_controls_caught`` runs those controls
+through the same checks and sample sizes. The settings are in
+:mod:`portable_verify.testing.stats.scenarios`; hypotheses, sizes and error rates are documented
+in docs/testing.md.
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ import dataclasses
 import time
 from functools import cache
 
-import numpy as np
-import torch
-
 from portable_verify.testing.kit import CheckResult, check
-from portable_verify.testing.stats_controls import CONTROLS, POSITIVE_CONTROL, controls_registered
-from portable_verify.testing.stats_core import FitResult, chi_square_fit, power_against
-from portable_verify.testing.stats_exact import law_of_view
-from portable_verify.testing.stats_model import (
+from portable_verify.testing.stats.chi_square import FitResult, chi_square_fit, power_against
+from portable_verify.testing.stats.exact_laws import law_of_view
+from portable_verify.testing.stats.negative_controls import (
+    CONTROLS,
+    POSITIVE_CONTROL,
+    controls_registered,
+)
+from portable_verify.testing.stats.scenarios import SCENARIOS, views
+from portable_verify.testing.stats.toy_decoding import (
     Scenario,
     observed_counts,
     simulate,
@@ -31,78 +36,6 @@ from portable_verify.testing.stats_model import (
 
 ALPHA = 1e-4
 """False-alarm rate of each check (Bonferroni-split across its views)."""
-
-SMALL_V = 6
-LARGE_V = 4096
-
-
-def _rows(rng: np.random.Generator, concentration: float, rows: int = SMALL_V + 1) -> np.ndarray:
-    return rng.dirichlet(np.full(SMALL_V, concentration), size=rows)
-
-
-def _normalise(t: np.ndarray) -> np.ndarray:
-    return t / t.sum(1, keepdims=True)
-
-
-def _dyadic(t: np.ndarray, bits: int = 10) -> np.ndarray:
-    """Rows rounded to multiples of ``2**-bits`` that sum to exactly 1 (exact in float16)."""
-    scale = 2**bits
-    counts = np.floor(t * scale)
-    short = (scale - counts.sum(1)).astype(np.int64)
-    counts[np.arange(len(t)), np.argmax(t, 1)] += short
-    return counts / scale
-
-
-def _zipf_rows(rng: np.random.Generator, rows: int, exponent: float) -> np.ndarray:
-    ranks = np.arange(1, LARGE_V + 1, dtype=np.float64) ** -exponent
-    return _normalise(np.stack([ranks[rng.permutation(LARGE_V)] for _ in range(rows)]))
-
-
-def _scenarios() -> dict[str, Scenario]:
-    """Every statistical setting; tables come from fixed seeds so every run sees the same ones."""
-    g = np.random.default_rng(20240601)
-    p, q = _rows(g, 1.0), _rows(g, 0.5)
-    far = _normalise((p.max(1, keepdims=True) - p + 1e-3) ** 4)
-    q_zeros = q.copy()
-    q_zeros[:, :2] = 0.0  # the draft never proposes tokens 0, 1; the target gives them mass
-    p_zeros = p.copy()
-    p_zeros[:, 4:] = 0.0  # the target forbids tokens 4, 5; the draft proposes them
-    peaked = _normalise(np.eye(SMALL_V)[g.integers(0, SMALL_V, SMALL_V + 1)] * 30 + _rows(g, 1.0))
-    flat = np.full((SMALL_V + 1, SMALL_V), 1.0 / SMALL_V)
-    logits = g.normal(0.0, 1.5, size=(SMALL_V + 1, SMALL_V))
-    zipf_p = _zipf_rows(g, 2, 1.1)
-    zipf_q = _zipf_rows(g, 2, 1.0)
-    markov = {"kind": "markov"}
-    cases = [
-        Scenario("sequence_joint", target=p, proposal=q, **markov),
-        Scenario("draft_equals_target", target=p, proposal=p, num_drafts=3, ragged=False, **markov),
-        Scenario("draft_far_from_target", target=p, proposal=far, **markov),
-        Scenario("draft_zeros_where_target_has_mass", target=p, proposal=_normalise(q_zeros),
-                 **markov),
-        Scenario("target_zeros_where_draft_has_mass", target=_normalise(p_zeros),
-                 proposal=_rows(g, 1.0), **markov),
-        Scenario("peaked_target_flat_draft", target=peaked, proposal=flat, **markov),
-        Scenario("flat_target_peaked_draft", target=_rows(g, 30.0), proposal=peaked, **markov),
-        Scenario("temperature_from_logits", target=logits, proposal=q, logits=True,
-                 temperature=0.7, **markov),
-        Scenario("deterministic_draft", target=p, proposal=q, deterministic_draft=True, **markov),
-        Scenario("float16_inputs", target=logits, proposal=_dyadic(q), logits=True,
-                 dtype=torch.float16, **markov),
-        Scenario("large_vocab_marginals", kind="positional", target=zipf_p, proposal=zipf_q,
-                 trials=8_192, quick_trials=4_096, chunk=2_048, validate=False),
-    ]
-    return {c.name: c for c in cases}
-
-
-SCENARIOS: dict[str, Scenario] = _scenarios()
-
-
-def views(scenario: Scenario) -> list[tuple[int, ...]]:
-    """What each scenario tests: the first token, and the joint (small V) or each position."""
-    if scenario.kind == "positional":
-        return [(j,) for j in range(scenario.length)]
-    return [(0,), tuple(range(scenario.length))]
-
 
 def _view_name(view: tuple[int, ...]) -> str:
     return f"t{view[0]}" if len(view) == 1 else "joint(" + ",".join(f"t{j}" for j in view) + ")"

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from portable_verify.backends.numpy_ref import entropy, softmax
+from portable_verify.core.types import DEFAULT_TYPICAL
 
 VALUE_RTOL = 1e-5
 """Relative error allowed in a probability or threshold computed from logits (~80 float32 ulps)."""
@@ -61,8 +62,8 @@ def near_boundary_rows(
     counts = np.full(b, k) if counts is None else _host(counts)
     temps = _temperatures(kwargs.get("temperature"), b, method)
     u = _host(kwargs["uniforms"]) if b else np.zeros((0, k + 1), np.float32)
-    eps = float(kwargs.get("typical_eps", 0.09))
-    alpha = float(kwargs.get("typical_alpha", 0.3))
+    eps = float(kwargs.get("typical_eps", DEFAULT_TYPICAL.eps))
+    alpha = float(kwargs.get("typical_alpha", DEFAULT_TYPICAL.alpha))
     flags = np.zeros(b, dtype=bool)
     for i in range(b):
         if temps[i] == 0:

@@ -23,10 +23,10 @@ import torch
 
 import portable_verify as pv
 from portable_verify.core import rng
-from portable_verify.testing.cases_random import CaseSpec, build_case
-from portable_verify.testing.exact import Tally, compare
-from portable_verify.testing.guard import guarded, summarize
-from portable_verify.testing.kit import CheckResult, check
+from portable_verify.core.arguments import SEED_RANGE
+from portable_verify.testing.cases.random_cases import CaseSpec, build_case
+from portable_verify.testing.checks.reference_comparison import Tally, compare, host
+from portable_verify.testing.kit import CheckResult, check, summarize
 
 FLAT_VOCAB = 64
 MIN_DISTINCT = 20
@@ -34,8 +34,7 @@ SEED_BASE = 7_000_000_000  # beyond 32 bits: the high half of the seed must matt
 
 
 def _tokens(res: pv.VerifyResult) -> np.ndarray:
-    t = res.token_ids
-    return t.detach().cpu().numpy() if isinstance(t, torch.Tensor) else np.asarray(t)
+    return host(res.token_ids)
 
 
 def _flat(backend: str, rows: int, **kw: Any) -> np.ndarray:
@@ -48,10 +47,8 @@ def _flat(backend: str, rows: int, **kw: Any) -> np.ndarray:
 def _sampled_case(seed: int) -> dict[str, Any]:
     """A ragged, mixed batch of 6 sampled requests (explicit uniforms removed)."""
     spec = CaseSpec(batch=6, positions=3, vocab=9, seed=seed, draft_probs=seed % 2 == 0,
-                    ragged=True, temperature="vector", target="logits")
-    kwargs = build_case(spec)
-    kwargs.pop("uniforms")
-    return kwargs
+                    ragged=True, temperature="vector", target="logits", uniforms=False)
+    return build_case(spec)
 
 
 def _take(kwargs: dict[str, Any], idx: torch.Tensor) -> dict[str, Any]:
@@ -60,7 +57,6 @@ def _take(kwargs: dict[str, Any], idx: torch.Tensor) -> dict[str, Any]:
 
 
 @check("seeds.repeatable")
-@guarded("seeds.repeatable")
 def repeatable(backend: str, quick: bool) -> CheckResult:
     """Same seed, same tokens; seed=None differs per call but follows torch.manual_seed."""
     failures: list[str] = []
@@ -94,7 +90,6 @@ def repeatable(backend: str, quick: bool) -> CheckResult:
 
 
 @check("seeds.request_independence")
-@guarded("seeds.request_independence")
 def request_independence(backend: str, quick: bool) -> CheckResult:
     """A request's tokens ignore the rest of the batch (subset, order, additions) and K padding."""
     failures: list[str] = []
@@ -103,7 +98,7 @@ def request_independence(backend: str, quick: bool) -> CheckResult:
     for case_seed in range(trials):
         kwargs = _sampled_case(100 + case_seed)
         b = kwargs["draft_token_ids"].shape[0]
-        seeds = torch.from_numpy(gen.integers(0, 2**62, b))
+        seeds = torch.from_numpy(gen.integers(0, SEED_RANGE, b))
         offsets = torch.from_numpy(gen.integers(0, 2**40, b))
         full = _tokens(pv.verify(**kwargs, seed=seeds, seed_offset=offsets, backend=backend))
         others = _sampled_case(1000 + case_seed)
@@ -158,7 +153,6 @@ def _pad_positions(kwargs: dict[str, Any], extra: int, gen: np.random.Generator)
 
 
 @check("seeds.streams_differ")
-@guarded("seeds.streams_differ")
 def streams_differ(backend: str, quick: bool) -> CheckResult:
     """Different seeds, offsets and rows draw different numbers (see the module docstring)."""
     failures: list[str] = []
@@ -198,7 +192,6 @@ def streams_differ(backend: str, quick: bool) -> CheckResult:
 
 
 @check("seeds.hash")
-@guarded("seeds.hash")
 def seed_hash(backend: str, quick: bool) -> CheckResult:
     """Seeds give the tokens of the documented uniforms (core.rng, numpy), same as the reference."""
     tally = Tally()
@@ -207,8 +200,8 @@ def seed_hash(backend: str, quick: bool) -> CheckResult:
     for case_seed in range(4 if quick else 40):
         kwargs = _sampled_case(200 + case_seed)
         b, k = kwargs["draft_token_ids"].shape
-        seeds = gen.integers(-(2**62), 2**62, b)
-        offsets = gen.integers(0, 2**62, b)
+        seeds = gen.integers(-SEED_RANGE, SEED_RANGE, b)
+        offsets = gen.integers(0, SEED_RANGE, b)
         via_seed = pv.verify(**kwargs, seed=torch.from_numpy(seeds),
                              seed_offset=torch.from_numpy(offsets), backend=backend)
         u = torch.from_numpy(rng.uniforms_numpy(seeds, offsets, k + 1))

@@ -2,10 +2,10 @@
 
 Why: a statistical test is only as good as its power, and power needs the distribution the test
 faces when a sampler is wrong. This module computes that distribution exactly, by enumerating
-draft paths and accept/reject branches of the decoding loop of :mod:`stats_model`, for any
+draft paths and accept/reject branches of the decoding loop of :mod:`toy_decoding`, for any
 :class:`Rule`. For the correct rule it returns the target's law (the losslessness theorem, checked
 numerically in tests/test_statistical_controls.py); for the negative controls it returns the
-alternative that :func:`stats_core.power_against` turns into a power.
+alternative that :func:`chi_square.power_against` turns into a power.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Literal
 
 import numpy as np
 
-from portable_verify.testing.stats_model import START, Scenario
+from portable_verify.testing.stats.toy_decoding import START, Scenario
 
 
 @dataclass(frozen=True)

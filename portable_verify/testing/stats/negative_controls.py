@@ -18,7 +18,7 @@ import torch
 import portable_verify as pv
 from portable_verify.backends.base import Availability, Backend
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
-from portable_verify.testing.stats_exact import EXACT, Rule
+from portable_verify.testing.stats.exact_laws import EXACT, Rule
 
 CONTROLS: dict[str, Rule] = {
     "_wrong_recovered_from_p": Rule(recovered="target"),
@@ -41,6 +41,7 @@ class RuleBackend(Backend):
     description = "a statistical negative control (not a real backend)"
 
     def __init__(self, name: str, rule: Rule) -> None:
+        super().__init__()
         self.name = name  # type: ignore[misc]
         self.rule = rule
 
@@ -106,7 +107,7 @@ def controls_registered() -> Iterator[list[str]]:
     """
     rules = {**CONTROLS, POSITIVE_CONTROL: EXACT}
     for name, rule in rules.items():
-        pv.register_backend(name, lambda _s, n=name, r=rule: RuleBackend(n, r), auto=False)
+        pv.register_backend(name, lambda _device, n=name, r=rule: RuleBackend(n, r))
     try:
         yield list(CONTROLS)
     finally:

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 import portable_verify as pv
+from portable_verify.core.arguments import SEED_RANGE
 
 START = -1  # the "previous token" of position 0
 
@@ -115,7 +116,7 @@ def _decode_chunk(s: Scenario, backend: str, b: int, rng: np.random.Generator) -
     k, length = s.num_drafts, s.length
     target_in = torch.from_numpy(s.target_input()).to(s.dtype)
     draft_in = torch.from_numpy(s.draft_input()).to(s.dtype)
-    seeds = torch.from_numpy(rng.integers(0, 2**62, size=b, dtype=np.int64))
+    seeds = torch.from_numpy(rng.integers(0, SEED_RANGE, size=b, dtype=np.int64))
     out = np.full((b, length), START, dtype=np.int64)
     have = np.zeros(b, dtype=np.int64)
     rows = np.arange(b)

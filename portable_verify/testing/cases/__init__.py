@@ -1,0 +1,1 @@
+"""Case builders: seeded random verification calls, exact-grid calls and bad inputs."""

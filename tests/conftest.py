@@ -1,0 +1,34 @@
+"""Fixtures shared by the test files.
+
+``available_backend`` is parametrized over every backend that runs here (canonical names), so a
+new backend is tested by registering it, with nothing to edit in tests/. What a backend is like
+(reference, fast enough for statistical sizes...) comes from ``pv.get_backend(name).traits``:
+tests choose sizes and skips from those, never from a backend's name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import portable_verify as pv
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "available_backend" in metafunc.fixturenames:
+        metafunc.parametrize("available_backend", pv.available_backends())
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Small tensors: extra intra-op threads only oversubscribe CI's 2 cores.
+
+    Use with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``.
+    """
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
