@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from portable_verify.backends.base import Availability, Backend
+from portable_verify.backends.base import Availability, Backend, BackendTraits
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
 
 
@@ -17,10 +17,26 @@ def first_argmax(row: np.ndarray) -> int:
     return int(np.argmax(row))
 
 
+FLOAT32_TINY = np.float32(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
+FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
+
+
+def effective_temperature(temperature: float) -> np.float32:
+    """``T`` clamped into the normal float32 range: ``+inf`` acts as the largest float32 and a
+    positive ``T`` below ``2**-126`` as ``2**-126``, so no device's flush-to-zero or overflow
+    changes the answer (both give the limit law of docs/semantics.md)."""
+    return np.clip(np.float32(temperature), FLOAT32_TINY, FLOAT32_MAX)
+
+
 def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:
-    """float32 softmax of ``logits / temperature`` (``-inf`` logits get probability 0)."""
-    z = logits.astype(np.float32) / np.float32(temperature)
-    z = z - z.max()
+    """float32 softmax of ``(logits - max) / T`` (``-inf`` logits get probability 0).
+
+    Subtracting the maximum *before* dividing keeps every ``z`` in ``[-inf, 0]``: ``logits / T``
+    itself overflows for huge logits or tiny ``T``, and ``inf - inf`` is NaN.
+    """
+    x = logits.astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        z = (x - x.max()) / effective_temperature(temperature)  # a difference may overflow: -inf
     e = np.exp(z)
     return (e / e.sum()).astype(np.float32)
 
@@ -70,19 +86,23 @@ def verify_one(
     for j in range(n):
         x = int(drafts[j])
         pj = p(j)
+        # An id outside the vocabulary (only with validate=False) is a token of probability 0.
+        in_vocab = 0 <= x < len(pj)
+        px = pj[x] if in_vocab else np.float32(0.0)
         if method == "typical":
             threshold = min(eps, alpha * np.exp(-entropy(pj)))
-            if not pj[x] > threshold:
+            if not (in_vocab and px > threshold):
                 return [*emitted, first_argmax(pj)]
         else:
-            qx = np.float32(draft_q[j, x]) if draft_q is not None else np.float32(1.0)
-            accepted = pj[x] > 0 and np.float32(uniforms[j]) * qx <= pj[x]
+            qx = np.float32(draft_q[j, x]) if draft_q is not None and px > 0 else np.float32(1.0)
+            accepted = px > 0 and np.float32(uniforms[j]) * qx <= px
             if not accepted:
                 if draft_q is not None:
                     q = draft_q[j].astype(np.float32)
                 else:
                     q = np.zeros_like(pj)
-                    q[x] = 1.0
+                    if in_vocab:
+                        q[x] = 1.0
                 residual = np.maximum(pj - q, np.float32(0))
                 if not residual.any():
                     residual = pj  # empty residual: draw from the target itself
@@ -97,7 +117,7 @@ def verify_reference(inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
     tokens = np.full((b, k + 1), PLACEHOLDER_TOKEN_ID, dtype=np.int64)
     accepted = np.zeros(b, dtype=np.int64)
     for i in range(b):
-        n = int(inputs.num_draft_tokens[i])
+        n = min(max(int(inputs.num_draft_tokens[i]), 0), k)  # garbage (validate=False) clamped
         temperature = float(inputs.temperature[i])
         q = inputs.draft_probs[inputs.draft_rows[i]] if inputs.draft_probs is not None else None
         emitted = verify_one(
@@ -124,6 +144,8 @@ class NumpyReferenceBackend(Backend):
     name = "numpy"
     description = "numpy reference implementation (the executable specification)"
     array_kind = "numpy"
+    # A Python loop per request: full conformance sizes would mostly compare it with itself.
+    traits = BackendTraits(is_reference=True, full_conformance_sizes=False)
 
     def availability(self) -> Availability:
         return Availability(True, "numpy is a core dependency")

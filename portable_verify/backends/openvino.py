@@ -48,6 +48,7 @@ class OpenVINOBackend(Backend):
     name = "openvino"
     description = "OpenVINO runtime graphs (CPU by default; openvino:GPU, openvino:NPU)"
     array_kind = "numpy"
+    devices = ("CPU", "GPU", "NPU")  # any OpenVINO device name is accepted; these are listed
 
     def __init__(self, device: str | None = None, *, num_threads: int | None = None) -> None:
         """``num_threads`` (default: ``$PORTABLE_VERIFY_OPENVINO_THREADS``, else OpenVINO's own
@@ -163,9 +164,15 @@ class OpenVINOBackend(Backend):
             # buffers measured ~3x slower (docs/backends.md), and mixing shared and copied
             # inputs on one request is a known CPU-plugin pitfall. Setting the tensors directly
             # skips ~80 us of the Python `infer(dict)` dispatcher per call.
-            for i, name in enumerate(input_names(variant)):
-                request.set_input_tensor(i, Tensor(arrays[name], shared_memory=True))
-            request.infer()
+            try:
+                for i, name in enumerate(input_names(variant)):
+                    request.set_input_tensor(i, Tensor(arrays[name], shared_memory=True))
+                request.infer()
+            except Exception:
+                # A request that failed mid-inference keeps broken internal shapes and fails
+                # every later call; a fresh one keeps the failure to this call.
+                self._requests[variant] = self._compiled[variant].create_infer_request()
+                raise
             tokens = request.get_output_tensor(0).data.copy()
             accepted = request.get_output_tensor(1).data.copy()
         if k == 0:  # undo the host padding of K = 0 to one unused position
@@ -184,6 +191,7 @@ def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:
     The padding (one draft position no row uses, n stays 0) keeps zero-sized dimensions out of
     the graph; the uniforms keep their draw column last.
     """
+    check_layout(inputs)
     drafts = inputs.draft_token_ids
     rows = inputs.target_rows
     u = inputs.uniforms
@@ -209,3 +217,31 @@ def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:
         arrays["draft_probs"] = np.ascontiguousarray(q, np.float32)
         arrays["draft_rows"] = np.ascontiguousarray(inputs.draft_rows, np.int64)
     return arrays
+
+
+def check_layout(inputs: VerifyInputs) -> None:
+    """Shapes the graphs rely on, checked on the host (free: no values are read).
+
+    The front door guarantees them when it validates; with ``validate=False`` a mismatch would
+    otherwise surface as a plugin error inside the inference.
+    """
+    b, k = inputs.batch_size, inputs.num_positions
+    expected = {
+        "num_draft_tokens": (inputs.num_draft_tokens, (b,)),
+        "temperature": (inputs.temperature, (b,)),
+        "target_rows": (inputs.target_rows, (b, k + 1)),
+        "uniforms": (inputs.uniforms, (b, k + 1)),
+        "draft_rows": (inputs.draft_rows, (b, k)),
+    }
+    for name, (array, shape) in expected.items():
+        if array is not None and tuple(array.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(array.shape)}")
+    if b > 0 and inputs.target.shape[0] == 0:
+        raise ValueError("the target has no rows for its B > 0 requests")
+    if inputs.draft_probs is not None and b * k > 0 and inputs.draft_probs.shape[0] == 0:
+        raise ValueError("draft_probs has no rows for the drafts of its B > 0 requests")
+    if inputs.draft_probs is not None and inputs.draft_probs.shape[-1] != inputs.vocab_size:
+        raise ValueError(
+            f"draft_probs must have V = {inputs.vocab_size} columns, got "
+            f"{inputs.draft_probs.shape[-1]}"
+        )

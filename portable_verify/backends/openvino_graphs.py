@@ -29,6 +29,8 @@ import openvino as ov
 import openvino.opset13 as ops
 
 Node = ov.Output | ov.Node
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # smallest normal float32
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -175,16 +177,24 @@ def _emit(x: Node, final: Node, accepted: Node) -> Node:
 
 def build(variant: Variant) -> ov.Model:
     """The ``ov.Model`` of ``variant``: outputs ``token_ids [B, K+1]``, ``num_accepted [B]``."""
-    inp: dict[str, Node] = {}
+    params: dict[str, Node] = {}
     for name in input_names(variant):
         shape, dtype = _INPUT_TYPES[name]
-        inp[name] = ops.parameter(ov.PartialShape(shape), dtype, name=name)
+        params[name] = ops.parameter(ov.PartialShape(shape), dtype, name=name)
+    # Every index computed from caller data is clamped into range, so unvalidated garbage
+    # (validate=False) gathers in bounds: an out-of-range index makes the CPU plugin raise
+    # mid-inference and leaves the infer request unusable for later calls.
+    inp = dict(params)
+    inp["target_rows"] = _clamp_index(params["target_rows"], _dim(params["target"], 0))
+    if "draft_rows" in params:
+        inp["draft_rows"] = _clamp_index(params["draft_rows"], _dim(params["draft_probs"], 0))
     target, rows, drafts = inp["target"], inp["target_rows"], inp["draft_token_ids"]
     vocab, k = _dim(target, 1), _dim(drafts, 1)
-    # Clamped so that unvalidated garbage (validate=False) still gathers in range.
-    n = ops.minimum(ops.maximum(inp["num_draft_tokens"], _i64(0)), k)
-    x = ops.minimum(ops.maximum(drafts, _i64(0)), ops.subtract(vocab, _i64(1)))
-    valid = ops.less(ops.unsqueeze(_iota(k), _i64(0)), _col(n))  # [B, K]
+    n = _clamp_index(inp["num_draft_tokens"], ops.add(k, _i64(1)))  # 0 <= n <= K
+    x = _clamp_index(drafts, vocab)
+    in_vocab = ops.logical_and(ops.greater_equal(drafts, _i64(0)), ops.less(drafts, vocab))
+    # An id outside the vocabulary has probability 0: never accepted.
+    valid = ops.logical_and(ops.less(ops.unsqueeze(_iota(k), _i64(0)), _col(n)), in_vocab)
     draft_cols = _iota(k)
 
     greedy_a = greedy_final = row_max = None
@@ -204,7 +214,12 @@ def build(variant: Variant) -> ov.Model:
             final = ops.select(greedy_row, greedy_final, final)
     tokens = _emit(x, final, accepted)
     results = [ops.result(tokens, name="token_ids"), ops.result(accepted, name="num_accepted")]
-    return ov.Model(results, list(inp.values()), f"verify_{variant.kind}")
+    return ov.Model(results, list(params.values()), f"verify_{variant.kind}")
+
+
+def _clamp_index(index: Node, size: Node) -> Node:
+    """``index`` clamped into ``[0, size - 1]`` (i64)."""
+    return ops.minimum(ops.maximum(index, _i64(0)), ops.subtract(size, _i64(1)))
 
 
 def _sampled(
@@ -224,11 +239,12 @@ def _sampled(
     flat_target_index = ops.add(ops.multiply(rows_k, vocab), x)
 
     if variant.is_logits:
-        # p = e / s with e = exp(z - max z), z = logits / T, as the numpy reference computes it.
-        # max(z) = max(logits) / T exactly (division by T > 0 rounds monotonically), so the max
-        # pass reads the raw target and the divide/subtract/exp chain fuses into one pass.
+        # p = e / s with e = exp((logits - max) / T), as the numpy reference computes it:
+        # subtracting first keeps the quotient in [-inf, 0] (logits / T alone can overflow).
         temp = inp["temperature"]
-        safe_t = ops.select(ops.greater(temp, _f32(0.0)), temp, _f32(1.0))
+        # T clamped into the normal float32 range, as the reference does (+inf -> largest float).
+        normal_t = ops.minimum(ops.maximum(temp, _f32(FLOAT32_TINY)), _f32(FLOAT32_MAX))
+        safe_t = ops.select(ops.greater(temp, _f32(0.0)), normal_t, _f32(1.0))
         row_t = ops.scatter_nd_update(
             ops.broadcast(_f32(1.0), ops.unsqueeze(_dim(target, 0), _i64(0))),
             ops.reshape(rows, _i64([-1, 1]), False),
@@ -237,7 +253,7 @@ def _sampled(
         t_col = _col(row_t)  # [R, 1]
         if row_max is None:
             row_max = ops.reduce_max(target, _i64([1]), True)
-        zm = ops.subtract(ops.divide(target, t_col), ops.divide(row_max, t_col))  # z - max z
+        zm = ops.divide(ops.subtract(target, row_max), t_col)  # z - max z
         e = ops.exp(zm)
         s = ops.reduce_sum(e, _i64([1]), False)  # [R]
         px = ops.divide(
@@ -302,7 +318,7 @@ def _sampled(
         q_row = _squeeze_col(_take(inp["draft_rows"], a_draft))
         q_a = ops.gather(inp["draft_probs"], q_row, _i64(0))
     else:
-        x_a = _take(x, a_draft)  # [B, 1]
+        x_a = _take(inp["draft_token_ids"], a_draft)  # [B, 1]; out of vocabulary: q_a = 0
         q_a = ops.convert(ops.equal(ops.unsqueeze(_iota(vocab), _i64(0)), x_a), "f32")
     residual = ops.maximum(ops.subtract(p_a, q_a), _f32(0.0))
     non_empty = ops.reduce_logical_or(ops.greater(residual, _f32(0.0)), _i64([1]), True)

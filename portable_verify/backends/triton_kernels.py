@@ -1,4 +1,4 @@
-"""Triton kernels for all three verification methods, and the ``triton`` (interpreter) backend.
+"""Triton kernels for all three verification methods, and their launcher :func:`verify_triton`.
 
 Design (docs/backends.md, "CUDA, XPU and Triton"): at most two launches per call, no host sync.
 
@@ -16,63 +16,38 @@ Design (docs/backends.md, "CUDA, XPU and Triton"): at most two launches per call
 Everything is decided on the device from tensors; the launcher only reads shapes and host flags,
 so a call can be captured in a CUDA graph (after one warm-up call has compiled the kernels).
 
-Interpreter: Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` *decorates* a function, not
-at launch. Rather than set that process-wide variable (which would turn a real GPU session's
-kernels into interpreted ones), :func:`interpreted` executes this file a second time as a private
-module with ``_INTERPRET = True`` injected, so its kernels are wrapped in Triton's
-``InterpretedFunction`` directly; the compiled kernels of this module are untouched.
+Interpreter: :mod:`portable_verify.backends.triton_interpreter` executes this file a second time
+as a private module with ``_INTERPRET = True`` injected, so the same kernels run on CPU tensors
+while this module's compiled kernels stay untouched.
 """
 
 from __future__ import annotations
 
-import contextlib
-import importlib.util
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from types import ModuleType
 
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
-from portable_verify.backends.base import Availability, Backend
+from portable_verify.backends.triton_interpreter import InterpretedDevice
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
 
-_INTERPRET: bool = bool(globals().get("_INTERPRET", False))  # injected by interpreted()
+_INTERPRET: bool = bool(globals().get("_INTERPRET", False))  # injected by the interpreter copy
 PLACEHOLDER = tl.constexpr(PLACEHOLDER_TOKEN_ID)
-_TL_CORE = tl.core  # in the globals so the interpreter patches it at launch (see _device)
-
-
-class _InterpretedDevice:
-    """A device function for interpreted kernels: the interpreter's rewritten Python function,
-    called directly. (Triton's ``InterpretedFunction`` re-patches ``triton.language`` on every
-    device-function call, which made small launches take seconds; the kernel launch has already
-    patched it, including ``tl.core`` through ``_TL_CORE``.)"""
-
-    def __init__(self, fn) -> None:  # type: ignore[no-untyped-def]
-        from triton.runtime.interpreter import InterpretedFunction
-
-        self.fn = fn
-        self._rewritten = InterpretedFunction(fn).rewrite()
-
-    def __call__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
-        return self._rewritten(*args, **kwargs)
+FLOAT32_TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal float32, 2**-126
+FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
+_TL_CORE = tl.core  # in the globals so the interpreter patches it at launch (InterpretedDevice)
 
 
 def _kernel(fn):  # type: ignore[no-untyped-def]
     """``triton.jit`` for a kernel, or Triton's interpreter in the private interpreted copy."""
-    if _INTERPRET:
-        from triton.runtime.interpreter import InterpretedFunction
-
-        return InterpretedFunction(fn)
-    return triton.jit(fn)
+    return InterpretedFunction(fn) if _INTERPRET else triton.jit(fn)
 
 
 def _device(fn):  # type: ignore[no-untyped-def]
     """``triton.jit`` for a device function (inlined into kernels), or its interpreted form."""
-    return _InterpretedDevice(fn) if _INTERPRET else triton.jit(fn)
+    return InterpretedDevice(fn) if _INTERPRET else triton.jit(fn)
 
 
 @_device
@@ -92,12 +67,27 @@ def _last_of_cumsum(w, BLOCK: tl.constexpr):
 
 
 @_device
+def _safe_temperature(t):
+    """``T`` clamped into the normal float32 range (as the reference); 1 for greedy/NaN rows."""
+    return tl.where(t > 0, tl.minimum(tl.maximum(t, FLOAT32_TINY), FLOAT32_MAX), 1.0)
+
+
+@_device
+def _clamped(index, size):
+    """A row or position index read from caller data, clamped into ``[0, size - 1]``."""
+    return tl.minimum(tl.maximum(index, 0), size - 1)
+
+
+@_device
 def _p_chunk(base, offs, V, t, m, s, IS_LOGITS: tl.constexpr):
-    """``p`` over one chunk (0 outside the row): ``exp(z - max) / sum`` or the given probs."""
+    """``p`` over one chunk (0 outside the row): ``exp((l - max) / T) / sum`` or the given probs.
+
+    ``m`` is the row's raw maximum logit: subtracting before dividing keeps the quotient in
+    ``[-inf, 0]`` (``l / T`` alone overflows for huge logits or tiny T)."""
     valid = offs < V
     if IS_LOGITS:
-        z = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32) / t
-        p = tl.where(z > float("-inf"), tl.exp(z - m) / s, 0.0)
+        x = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        p = tl.where(x > float("-inf"), tl.exp((x - m) / t) / s, 0.0)
     else:
         p = tl.load(base + offs, mask=valid, other=0.0).to(tl.float32)
     return tl.where(valid, p, 0.0)
@@ -107,41 +97,39 @@ def _p_chunk(base, offs, V, t, m, s, IS_LOGITS: tl.constexpr):
 def _row_stats_kernel(
     target_ptr, target_stride, rows_ptr, counts_ptr, temp_ptr,
     argmax_ptr, max_ptr, sum_ptr, ent_ptr,
-    V, K1,
+    V, K1, R,
     IS_LOGITS: tl.constexpr, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.constexpr,
     NEED_ENTROPY: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     j = tl.program_id(1)
-    n = tl.load(counts_ptr + b)
+    n = _clamped(tl.load(counts_ptr + b), K1)  # every index from caller data is clamped
     if j <= n:
-        row = tl.load(rows_ptr + b * K1 + j)
+        row = _clamped(tl.load(rows_ptr + b * K1 + j), R)
         base = target_ptr + row * target_stride
-        t = tl.load(temp_ptr + b)
-        t_safe = tl.where(t > 0, t, 1.0)
+        t_safe = _safe_temperature(tl.load(temp_ptr + b))
         lane = tl.arange(0, BLOCK)
         best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
         best_idx = tl.min(tl.zeros([BLOCK], tl.int32), 0)
         m = best
         s = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
-        w = s  # sum of exp(z - m) * (z - m) (logits) or -sum p log p (probs)
+        w = s  # sum of e * (z - max z) (logits) or -sum p log p (probs)
         for start in range(0, V, BLOCK):
             offs = start + lane
             valid = offs < V
             x = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32)
             if NEED_ARGMAX:
                 best, best_idx = _chunk_first_argmax(x, offs, best, best_idx, V)
-            if NEED_SOFTMAX:
-                z = x / t_safe
-                finite = z > float("-inf")
-                m_new = tl.maximum(m, tl.max(z, 0))
+            if NEED_SOFTMAX:  # online softmax; m is the running raw max logit
+                m_new = tl.maximum(m, tl.max(x, 0))
                 seen = m > float("-inf")
-                scale = tl.where(seen, tl.exp(m - m_new), 0.0)
-                e = tl.where(finite, tl.exp(z - m_new), 0.0)
-                if NEED_ENTROPY:
-                    shift = (tl.where(seen, m, m_new) - m_new) * s
-                    centred = tl.where(finite, z - m_new, 0.0)
-                    w = scale * (w + shift) + tl.sum(e * centred, 0)
+                zc = (x - m_new) / t_safe  # z - max z, in [-inf, 0] (see _p_chunk)
+                e = tl.where(x > float("-inf"), tl.exp(zc), 0.0)
+                dz = (tl.where(seen, m, m_new) - m_new) / t_safe  # old max in new units
+                scale = tl.where(seen, tl.exp(dz), 0.0)
+                if NEED_ENTROPY:  # e == 0 terms are 0 (their zc may be -inf or NaN)
+                    kept = tl.where(scale > 0, scale * (w + dz * s), 0.0)
+                    w = kept + tl.sum(e * tl.where(e > 0, zc, 0.0), 0)
                 s = s * scale + tl.sum(e, 0)
                 m = m_new
             elif NEED_ENTROPY:
@@ -165,15 +153,15 @@ def _decide_kernel(
     q_ptr, q_stride, qrows_ptr,
     argmax_ptr, max_ptr, sum_ptr, ent_ptr,
     tokens_ptr, accepted_ptr,
-    V, K, eps, alpha,
+    V, K, R, RQ, eps, alpha,
     IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, HAS_U: tl.constexpr,
     HAS_GREEDY: tl.constexpr, TYPICAL: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     K1 = K + 1
-    n = tl.load(counts_ptr + b)
+    n = _clamped(tl.load(counts_ptr + b), K1)  # so num_accepted <= K whatever the caller sent
     t = tl.load(temp_ptr + b)
-    t_safe = tl.where(t > 0, t, 1.0)
+    t_safe = _safe_temperature(t)
     if HAS_GREEDY:  # noqa: SIM108 - kernel code: constexpr branches, not Python ternaries
         greedy = t == 0
     else:
@@ -188,21 +176,21 @@ def _decide_kernel(
     has_draft = lanes < n
     greedy_draft = lanes < tl.where(greedy, n, 0)
     sampled = lanes < tl.where(greedy, 0, n)
-    x = tl.load(drafts_ptr + b * K + lanes, mask=has_draft, other=0)
-    x = tl.minimum(tl.maximum(x, 0), V - 1)
+    x_raw = tl.load(drafts_ptr + b * K + lanes, mask=has_draft, other=0)
+    in_vocab = (x_raw >= 0) & (x_raw < V)  # an id outside the vocabulary is never accepted
+    x = _clamped(x_raw, V)
     stat = b * K1 + lanes
     if HAS_GREEDY:
         g = tl.load(argmax_ptr + stat, mask=greedy_draft, other=-1)
         ok_g = x == g
     else:
         ok_g = x != x  # all False
-    row = tl.load(rows_ptr + b * K1 + lanes, mask=sampled, other=0)
+    row = _clamped(tl.load(rows_ptr + b * K1 + lanes, mask=sampled, other=0), R)
     val = tl.load(target_ptr + row * target_stride + x, mask=sampled, other=0.0).to(tl.float32)
     if IS_LOGITS:
         m = tl.load(max_ptr + stat, mask=sampled, other=0.0)
         s = tl.load(sum_ptr + stat, mask=sampled, other=1.0)
-        z = val / t_safe
-        px = tl.where(z > float("-inf"), tl.exp(z - m) / s, 0.0)
+        px = tl.where(val > float("-inf"), tl.exp((val - m) / t_safe) / s, 0.0)
     else:
         px = val
     if TYPICAL:
@@ -214,12 +202,12 @@ def _decide_kernel(
         else:
             u = 1.0
         if HAS_Q:
-            qrow = tl.load(qrows_ptr + b * K + lanes, mask=sampled, other=0)
+            qrow = _clamped(tl.load(qrows_ptr + b * K + lanes, mask=sampled, other=0), RQ)
             qx = tl.load(q_ptr + qrow * q_stride + x, mask=sampled, other=0.0).to(tl.float32)
         else:
             qx = 1.0
         ok_s = (px > 0) & (u * qx <= px)
-    ok = (greedy_draft & ok_g) | (sampled & ok_s)
+    ok = ((greedy_draft & ok_g) | (sampled & ok_s)) & in_vocab
     a = tl.min(tl.where(ok, KB, lanes), 0).to(n.dtype)  # lanes >= n are never ok, so a <= n
 
     rejected = a < n
@@ -228,7 +216,7 @@ def _decide_kernel(
     if HAS_GREEDY:
         final = tl.load(argmax_ptr + stat_a, mask=greedy, other=0).to(final.dtype)
     if greedy == 0:
-        row_a = tl.load(rows_ptr + b * K1 + a)
+        row_a = _clamped(tl.load(rows_ptr + b * K1 + a), R)
         base = target_ptr + row_a * target_stride
         if IS_LOGITS:
             m_a = tl.load(max_ptr + stat_a)
@@ -253,10 +241,9 @@ def _decide_kernel(
                 final = best_idx.to(final.dtype)
         if do_draw:
             # Weights: residual max(0, p - q) at a rejection, else (bonus / empty residual) p.
-            x_a = tl.load(drafts_ptr + b * K + a, mask=rejected, other=0)
-            x_a = tl.minimum(tl.maximum(x_a, 0), V - 1)
+            x_a = tl.load(drafts_ptr + b * K + a, mask=rejected, other=-1)  # -1: no one-hot
             if HAS_Q:
-                qrow_a = tl.load(qrows_ptr + b * K + a, mask=rejected, other=0)
+                qrow_a = _clamped(tl.load(qrows_ptr + b * K + a, mask=rejected, other=0), RQ)
                 qbase = q_ptr + qrow_a * q_stride
             q_len = tl.where(rejected, V, 0)  # q is read only at a rejection
             # Prefix sums accumulate in float64 (docs/semantics.md, inverse-CDF draw).
@@ -303,8 +290,7 @@ def _decide_kernel(
             final = tl.where(pick >= 0, pick, last_pos).to(final.dtype)
 
     final = tl.minimum(tl.maximum(final, 0), V - 1)
-    d = tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0)
-    d = tl.minimum(tl.maximum(d, 0), V - 1)
+    d = _clamped(tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0), V)
     tok = tl.where(lanes < a, d, tl.where(lanes == a, final, PLACEHOLDER))
     tl.store(tokens_ptr + b * K1 + lanes, tok, mask=lanes < K1)
     tl.store(accepted_ptr + b, a)
@@ -322,18 +308,16 @@ def _block(v: int, cap: int) -> int:
     return max(16, min(triton.next_power_of_2(v), cap))
 
 
-def verify_triton(inputs: VerifyInputs, *, interpreted_kernels: bool = False) -> tuple[
-    torch.Tensor, torch.Tensor
-]:
-    """Run the kernels on ``inputs`` (torch tensors on a Triton device, or CPU when interpreted).
+def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the kernels on ``inputs`` (torch tensors on a Triton device; CPU tensors in the
+    interpreter copy, see :func:`portable_verify.backends.triton_interpreter.verify_interpreted`).
 
     Host work is shape arithmetic and buffer allocation only, so the call is CUDA-graph
     capturable once compiled.
     """
-    if interpreted_kernels and not _INTERPRET:
-        with _INTERPRETER_LOCK, _interpreted_stdlib():
-            return interpreted().verify_triton(inputs, interpreted_kernels=True)
+    interpreted_kernels = _INTERPRET or KERNELS_INTERPRETED
     mod = sys.modules[__name__]
+    check_layout(inputs)
     drafts = inputs.draft_token_ids
     b, k = drafts.shape
     device = drafts.device
@@ -359,7 +343,7 @@ def verify_triton(inputs: VerifyInputs, *, interpreted_kernels: bool = False) ->
         mod._row_stats_kernel[(b, k + 1)](
             target, target.stride(0), rows, counts, temps,
             argmax, stats[0], stats[1], stats[2],
-            v, k + 1,
+            v, k + 1, target.shape[0],
             IS_LOGITS=inputs.target_is_logits, NEED_ARGMAX=has_greedy,
             NEED_SOFTMAX=need_softmax, NEED_ENTROPY=need_entropy, BLOCK=_block(v, cap),
             **({} if interpreted_kernels else {"num_warps": 8, **_COMPILE_OPTIONS}),
@@ -371,7 +355,8 @@ def verify_triton(inputs: VerifyInputs, *, interpreted_kernels: bool = False) ->
         inputs.draft_rows.contiguous() if q is not None else counts,
         argmax, stats[0], stats[1], stats[2],
         tokens, accepted,
-        v, k, float(inputs.typical_eps), float(inputs.typical_alpha),
+        v, k, target.shape[0], q.shape[0] if q is not None else 1,
+        float(inputs.typical_eps), float(inputs.typical_alpha),
         IS_LOGITS=inputs.target_is_logits, HAS_Q=q is not None,
         HAS_U=inputs.uniforms is not None, HAS_GREEDY=has_greedy, TYPICAL=typical,
         BLOCK=_block(v, 1024 if interpreted_kernels else 2048),
@@ -381,6 +366,32 @@ def verify_triton(inputs: VerifyInputs, *, interpreted_kernels: bool = False) ->
     return tokens, accepted
 
 
+def check_layout(inputs: VerifyInputs) -> None:
+    """Shapes the kernels index by, checked on the host (free: no values are read, no sync).
+
+    The front door guarantees them when it validates; with ``validate=False`` a mismatch would
+    otherwise be an out-of-bounds read (an illegal memory access on a GPU).
+    """
+    b, k = inputs.batch_size, inputs.num_positions
+    expected = {
+        "num_draft_tokens": (inputs.num_draft_tokens, (b,)),
+        "temperature": (inputs.temperature, (b,)),
+        "target_rows": (inputs.target_rows, (b, k + 1)),
+        "uniforms": (inputs.uniforms, (b, k + 1)),
+        "draft_rows": (inputs.draft_rows, (b, k)),
+    }
+    for name, (tensor, shape) in expected.items():
+        if tensor is not None and tuple(tensor.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
+    if b > 0 and inputs.target.shape[0] == 0:
+        raise ValueError("the target has no rows for its B > 0 requests")
+    if inputs.draft_probs is not None and b * k > 0 and inputs.draft_probs.shape[0] == 0:
+        raise ValueError("draft_probs has no rows for the drafts of its B > 0 requests")
+    if inputs.draft_probs is not None and inputs.draft_probs.shape[-1] != inputs.vocab_size:
+        raise ValueError(f"draft_probs must have V = {inputs.vocab_size} columns, got "
+                         f"{inputs.draft_probs.shape[-1]}")
+
+
 def _rows_contiguous(x: torch.Tensor, interpreted_kernels: bool) -> torch.Tensor:
     """Rows with unit stride along V; the interpreter (numpy) gets float32 (exact upcast)."""
     if x.stride(-1) != 1:
@@ -388,89 +399,3 @@ def _rows_contiguous(x: torch.Tensor, interpreted_kernels: bool) -> torch.Tensor
     if interpreted_kernels and x.dtype in (torch.float16, torch.bfloat16):
         x = x.float()
     return x
-
-
-_COPY_LOCK = threading.Lock()
-_COPY: ModuleType | None = None
-_INTERPRETER_LOCK = threading.Lock()
-_STDLIB_SWAPS: dict[int, object] = {}
-
-
-def _import_lazy_triton_modules() -> None:
-    """Import now what Triton imports lazily at the first launch: Gluon asserts, at import, that
-    the standard library is made of JIT functions, so it must not first load mid-swap."""
-    with contextlib.suppress(ImportError):  # older Triton has no Gluon
-        importlib.import_module("triton.experimental.gluon")
-
-
-@contextmanager
-def _interpreted_stdlib() -> Iterator[None]:
-    """Swap ``tl.max``/``tl.sum``/... for interpreted versions for the duration of a launch.
-
-    Triton's standard-library functions (``tl.max``, ``tl.cumsum``, ...) are themselves
-    ``@jit`` functions, decorated when ``triton.language`` is imported; unless TRITON_INTERPRET
-    was set at that moment they cannot be called from interpreted code. Triton's interpreter
-    already patches ``triton.language`` for the duration of each launch; this does the same for
-    the standard library, and restores it afterwards.
-    """
-    from triton.runtime.jit import JITFunction
-
-    _import_lazy_triton_modules()
-    swapped: list[tuple[ModuleType, str, object]] = []
-    try:
-        for module in (tl, tl.standard):
-            for name, value in list(vars(module).items()):
-                if isinstance(value, JITFunction):
-                    if id(value) not in _STDLIB_SWAPS:
-                        _STDLIB_SWAPS[id(value)] = _InterpretedDevice(value.fn)
-                    wrapper = _STDLIB_SWAPS[id(value)]
-                    setattr(module, name, wrapper)
-                    swapped.append((module, name, value))
-        yield
-    finally:
-        for module, name, value in reversed(swapped):
-            setattr(module, name, value)
-
-
-def interpreted() -> ModuleType:
-    """A private copy of this module whose kernels run in Triton's interpreter (CPU tensors)."""
-    global _COPY
-    if _INTERPRET:
-        return sys.modules[__name__]
-    with _COPY_LOCK:
-        if _COPY is None:
-            name = f"{__name__}_interpreted"
-            spec = importlib.util.spec_from_file_location(name, __file__)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            module.__dict__["_INTERPRET"] = True
-            sys.modules[name] = module  # the interpreter reads the kernels' source via inspect
-            spec.loader.exec_module(module)
-            _COPY = module
-    return _COPY
-
-
-class TritonInterpreterBackend(Backend):
-    """The CUDA/XPU kernels run by Triton's interpreter on CPU tensors: CI coverage, not speed."""
-
-    name = "triton"
-    description = "Triton kernels through Triton's interpreter on CPU tensors (for CI; slow)"
-
-    def availability(self) -> Availability:
-        try:
-            interpreted()
-        except Exception as exc:  # pragma: no cover - depends on the triton build
-            return Availability(False, f"Triton {triton.__version__} interpreter failed: {exc}")
-        return Availability(
-            True,
-            f"Triton {triton.__version__} interpreter (the CUDA/XPU kernels executed in numpy on "
-            "CPU tensors; independent of TRITON_INTERPRET; slow, meant for tests)",
-        )
-
-    def run(self, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        if inputs.target.device.type != "cpu":
-            raise ValueError(
-                "backend='triton' runs the kernels in Triton's interpreter on CPU tensors; got "
-                f"target on {inputs.target.device} (use backend='cuda' or 'xpu' on a GPU)"
-            )
-        return verify_triton(inputs, interpreted_kernels=True)

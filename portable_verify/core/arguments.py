@@ -43,7 +43,7 @@ def to_tensor(name: str, x: ArrayLike | None) -> torch.Tensor | None:
         if not x.dtype.isnative:
             x = x.astype(x.dtype.newbyteorder("="))
         if any(s < 0 for s in x.strides):
-            x = np.ascontiguousarray(x)
+            x = x.copy()  # not ascontiguousarray: it keeps a negative stride on a length-1 axis
         return torch.from_numpy(x)
     raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
 
@@ -119,6 +119,7 @@ def temperatures(temperature: float | ArrayLike | None, b: int, device: torch.de
                 f"temperature={t} cannot be applied to target_probs; pass target_logits, or "
                 "temperature 0 (greedy) / 1 / None"
             )
+        t = float(np.float32(t))  # what backends see: a T that rounds to 0 is greedy
         return torch.full((b,), t, dtype=torch.float32, device=device), t == 0.0, t != 0.0
     tt = to_tensor("temperature", temperature)
     if validate:
