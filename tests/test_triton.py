@@ -1,8 +1,8 @@
 """The Triton kernels (run by Triton's interpreter on CPU tensors) agree exactly with the numpy
 reference, and the GPU backends explain themselves on a machine without a GPU.
 
-The kernels are the ones the ``cuda``/``xpu`` backends launch; ``bench/gpu_check.py`` runs the
-same cases on a real GPU. Shapes stay small: the interpreter costs ~0.1-0.5 s per call.
+The kernels are the ones ``triton:cuda``/``triton:xpu`` launch; ``portable-verify gpu-check``
+runs the same cases on a real GPU. Shapes stay small: the interpreter costs ~0.1-0.5 s per call.
 """
 
 from __future__ import annotations
@@ -14,29 +14,17 @@ import pytest
 import torch
 
 import portable_verify as pv
+from portable_verify.testing.cases.random_cases import INPUT_FORMS, CaseSpec, build_case
 
 triton = pytest.importorskip("triton")
-DEVICE = os.environ.get("PORTABLE_VERIFY_TEST_DEVICE", "cpu")  # gpu_check.py sets "cuda"
-BACKEND = {"cpu": "triton"}.get(DEVICE, DEVICE)
+DEVICE = os.environ.get("PORTABLE_VERIFY_TEST_DEVICE", "cpu")  # gpu-check sets "cuda"
+BACKEND = "triton:interpreter" if DEVICE == "cpu" else f"triton:{DEVICE}"
 
 
-def _random_case(g: torch.Generator, b: int, k: int, v: int) -> dict:
-    """Mixed greedy/sampled rows, ragged drafts, -inf logits, zero probabilities, and drafts
-    that often equal the target's argmax so that accepted prefixes of every length occur."""
-    logits = torch.randn(b, k + 1, v, generator=g) * 2
-    logits[torch.rand(b, k + 1, v, generator=g) < 0.1] = float("-inf")
-    logits[..., 0] = logits[..., 0].clamp(min=-5.0)  # at least one finite logit per row
-    drafts = torch.randint(0, v, (b, k), generator=g)
-    agree = torch.rand(b, k, generator=g) < 0.6
-    drafts = torch.where(agree, logits[:, :k].argmax(-1), drafts)
-    n = torch.randint(0, k + 1, (b,), generator=g)
-    temp = (torch.rand(b, generator=g) * 1.5 + 0.25) * (torch.rand(b, generator=g) > 0.3)
-    probs = torch.softmax(logits, -1)
-    q = torch.softmax(torch.randn(b, k, v, generator=g) * 2, -1)
-    q[torch.rand(b, k, v, generator=g) < 0.15] = 0.0
-    q = q / q.sum(-1, keepdim=True).clamp(min=1e-30)
-    q[q.sum(-1) == 0] = 1.0 / v
-    return dict(logits=logits, probs=probs, q=q, drafts=drafts, n=n, temp=temp)
+def _spec(b: int, k: int, v: int, seed: int) -> CaseSpec:
+    """Mixed greedy/sampled rows, ragged drafts, -inf logits and zero draft probabilities, with
+    drafts that often equal the target's argmax (accepted prefixes of every length)."""
+    return CaseSpec(b, k, v, seed, ragged=True, temperature="vector", uniforms=False)
 
 
 def _check(drafts: torch.Tensor, **kw) -> pv.VerifyResult:
@@ -50,29 +38,14 @@ def _check(drafts: torch.Tensor, **kw) -> pv.VerifyResult:
     return got
 
 
-TARGETS = ["logits", "probs", "logits+q", "probs+q"]
-
-
-def _target_kwargs(case: dict, target: str) -> dict:
-    kw: dict = {}
-    if target.startswith("logits"):
-        kw.update(target_logits=case["logits"], temperature=case["temp"])
-    else:
-        kw.update(target_probs=case["probs"], temperature=(case["temp"] > 0).float())
-    if target.endswith("+q"):
-        kw["draft_probs"] = case["q"]
-    return kw
-
-
 @pytest.mark.parametrize("method", ["greedy", "rejection", "typical"])
-@pytest.mark.parametrize("target", TARGETS)
+@pytest.mark.parametrize("target", INPUT_FORMS)
 def test_random_cases_match_reference(method: str, target: str) -> None:
-    g = torch.Generator().manual_seed(zlib.crc32(f"{method}/{target}".encode()))
+    seed = zlib.crc32(f"{method}/{target}".encode())
     accepted_lengths: set[int] = set()
     for trial, (b, k, v) in enumerate([(6, 3, 37), (5, 4, 64), (3, 2, 1000)]):
-        case = _random_case(g, b, k, v)
-        kw = _target_kwargs(case, target)
-        got = _check(case["drafts"], num_draft_tokens=case["n"], method=method,
+        kw = build_case(_spec(b, k, v, seed + trial).in_form(target))
+        got = _check(kw.pop("draft_token_ids"), method=method,
                      seed=torch.arange(b) + 100 * trial, **kw)
         accepted_lengths.update(got.num_accepted.cpu().tolist())
     assert len(accepted_lengths) >= 2  # the cases exercise both rejections and acceptances
@@ -81,26 +54,24 @@ def test_random_cases_match_reference(method: str, target: str) -> None:
 @pytest.mark.parametrize("method", ["rejection", "typical"])
 def test_explicit_uniforms_cover_the_accept_boundary(method: str) -> None:
     g = torch.Generator().manual_seed(7)
-    case = _random_case(g, 8, 4, 48)
     u = torch.rand(8, 5, generator=g).clamp(min=2**-24)
     u[0] = 1.0  # largest allowed uniform: accept iff q(x) <= p(x); draw threshold = total
     u[1] = 2**-24  # smallest: almost always accept; draw picks the first positive weight
     for target in ("logits+q", "probs"):
-        _check(case["drafts"], num_draft_tokens=case["n"], method=method, uniforms=u,
-               **_target_kwargs(case, target))
+        kw = build_case(_spec(8, 4, 48, 7).in_form(target))
+        _check(kw.pop("draft_token_ids"), method=method, uniforms=u, **kw)
 
 
 def test_integer_and_none_seed_forms() -> None:
-    g = torch.Generator().manual_seed(11)
-    case = _random_case(g, 4, 3, 20)
-    _check(case["drafts"], target_logits=case["logits"], seed=12345, seed_offset=3)
+    case = build_case(CaseSpec(4, 3, 20, seed=11, uniforms=False))
+    drafts, logits = case["draft_token_ids"], case["target_logits"]
+    _check(drafts, target_logits=logits, seed=12345, seed_offset=3)
     if DEVICE != "cpu":
         return  # seed=None draws seeds from the device's generator, which differs from the CPU's
     torch.manual_seed(0)
-    a = pv.verify(case["drafts"].to(DEVICE), target_logits=case["logits"].to(DEVICE),
-                  backend=BACKEND)
+    a = pv.verify(drafts.to(DEVICE), target_logits=logits.to(DEVICE), backend=BACKEND)
     torch.manual_seed(0)
-    b = pv.verify(case["drafts"], target_logits=case["logits"], backend="numpy")
+    b = pv.verify(drafts, target_logits=logits, backend="numpy")
     assert torch.equal(a.token_ids.cpu(), b.token_ids)  # seed=None: torch's generator decides
 
 
@@ -153,10 +124,8 @@ def test_degenerate_shapes() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision_inputs(dtype: torch.dtype) -> None:
-    g = torch.Generator().manual_seed(5)
-    case = _random_case(g, 5, 3, 40)
-    _check(case["drafts"], target_logits=case["logits"].to(dtype), temperature=case["temp"],
-           draft_probs=case["q"].to(dtype), num_draft_tokens=case["n"], seed=9)
+    kw = build_case(_spec(5, 3, 40, seed=5).in_form("logits+q"), dtype=dtype)
+    _check(kw.pop("draft_token_ids"), seed=9, **kw)
 
 
 def test_ragged_layout() -> None:
@@ -205,49 +174,51 @@ def test_interpreter_leaves_compiled_triton_untouched() -> None:
 @pytest.mark.skipif(DEVICE != "cpu", reason="describes a machine without GPUs")
 def test_gpu_backends_explain_why_they_cannot_run_here() -> None:
     status = pv.backend_status()
-    assert status["triton"].available and "interpreter" in status["triton"].reason
+    interp = status["triton:interpreter"]
+    assert interp.available and "interpreter" in interp.reason
     if not torch.cuda.is_available():
-        assert not status["cuda"].available
-        assert "torch.cuda.is_available() is False" in status["cuda"].reason
+        for name in ("triton:cuda", "torch:cuda"):
+            assert not status[name].available
+            assert "torch.cuda.is_available() is False" in status[name].reason
         with pytest.raises(RuntimeError, match=r"torch\.cuda\.is_available"):
             pv.verify(torch.tensor([[1]]), target_logits=torch.randn(1, 2, 4), backend="cuda")
     if not (hasattr(torch, "xpu") and torch.xpu.is_available()):
-        assert not status["xpu"].available
-        assert "torch.xpu.is_available() is False" in status["xpu"].reason
-        assert "intel-extension-for-pytorch" in status["xpu"].reason
+        assert not status["triton:xpu"].available
+        assert "torch.xpu.is_available() is False" in status["triton:xpu"].reason
+        assert "intel-extension-for-pytorch" in status["triton:xpu"].reason
 
 
-def test_triton_backend_refuses_gpu_tensors_clearly() -> None:
+def test_interpreter_refuses_gpu_tensors_clearly() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA tensor")
     with pytest.raises(ValueError, match="interpreter"):
         pv.verify(torch.tensor([[1]], device="cuda"),
-                  target_logits=torch.randn(1, 2, 4, device="cuda"), backend="triton")
+                  target_logits=torch.randn(1, 2, 4, device="cuda"),
+                  backend="triton:interpreter")
 
 
-def test_gpu_backend_without_triton_falls_back_to_torch_and_says_so_once(
+def test_gpu_without_triton_falls_back_to_torch_and_says_so_once(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Pretend CUDA is present on this CPU machine: Triton has no active driver here, so the
-    ``cuda`` backend must run the torch code (same answers) and warn exactly once."""
-    from portable_verify.backends import accel_common, cuda
+    ``cuda`` alias (automatic choice for CUDA tensors) must pick ``torch:cuda``, warning once."""
+    from portable_verify import dispatch
+    from portable_verify.backends import triton_backend
 
-    if accel_common.triton_plan("cuda").use_triton:
-        pytest.skip("Triton can drive this machine's GPU; the fallback is not taken")
-    monkeypatch.setattr(cuda, "torch_device_available", lambda device_type: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "pretend GPU")
-    status = pv.backend_status()["cuda"]
-    assert status.available and "torch backend instead" in status.reason
-    accel_common.warn_fallback_once.cache_clear()
-    g = torch.Generator().manual_seed(21)
-    case = _random_case(g, 4, 3, 16)
-    kw = dict(target_logits=case["logits"], temperature=case["temp"], seed=3)
-    with caplog.at_level("WARNING", logger="portable_verify"):
-        for _ in range(2):
-            got = pv.verify(case["drafts"], backend="cuda", **kw)
-            want = pv.verify(case["drafts"], backend="numpy", **kw)
-            assert torch.equal(got.token_ids, want.token_ids)
-    warnings = [r for r in caplog.records if "torch backend instead" in r.getMessage()]
+    triton_backend._gpu_availability.cache_clear()
+    dispatch._warn_once.cache_clear()
+    try:
+        if triton_backend._gpu_availability("cuda").available:
+            pytest.skip("Triton can drive this machine's GPU; the fallback is not taken")
+        with caplog.at_level("WARNING", logger="portable_verify"):
+            chosen = [dispatch.select_backend(name, "cuda").qualified_name
+                      for name in ("cuda", "auto", "cuda")]
+    finally:
+        triton_backend._gpu_availability.cache_clear()
+    assert chosen == ["torch:cuda"] * 3
+    warnings = [r for r in caplog.records if "skipped triton:cuda" in r.getMessage()]
     assert len(warnings) == 1
 
 
@@ -316,7 +287,7 @@ def test_ipex_is_optional_and_its_failure_is_reported(monkeypatch: pytest.Monkey
     import importlib
     import importlib.util
 
-    from portable_verify.backends import xpu
+    from portable_verify.backends import triton_backend as xpu
 
     real_find_spec, real_import = importlib.util.find_spec, importlib.import_module
 
@@ -332,7 +303,8 @@ def test_ipex_is_optional_and_its_failure_is_reported(monkeypatch: pytest.Monkey
     monkeypatch.setattr(importlib, "import_module", import_module)
     xpu.ipex_status.cache_clear()
     try:
-        reason = xpu.XpuBackend().availability().reason
+        xpu._gpu_availability.cache_clear()
+        reason = xpu.TritonBackend("xpu").availability().reason
     finally:
         xpu.ipex_status.cache_clear()
     assert "cannot be imported beside torch" in reason and "built for torch 2.8" in reason

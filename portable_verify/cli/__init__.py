@@ -1,1 +1,1 @@
-"""Command-line interface: ``portable-verify {bench,info,conformance,e2e}``."""
+"""Command-line interface: ``portable-verify {bench,info,conformance,e2e,gpu-check}``."""

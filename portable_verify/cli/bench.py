@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
+
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -29,9 +31,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="time by wall clock (default) or by this thread's CPU time, which "
                    "discounts waiting for a core on a shared CPU (one-thread CPU runs only)")
-    p.add_argument("--validation", action="store_true",
-                   help="also time verify(validate=True) as its own column")
-    p.add_argument("--json", metavar="PATH", help="write every figure and the context as JSON")
+    p.add_argument("--validation", nargs="?", const="default", choices=("default", "full"),
+                   help="also time verify(validate=True) as its own column; '--validation full' "
+                   "adds verify(validate=\"full\") (every full-row check) beside it")
+    add_json_option(p, "every figure and the context")
     p.add_argument("--csv", metavar="PATH", help="write one row per cell as CSV")
     p.add_argument("--markdown", metavar="PATH", help="write the ratios as a Markdown table")
     p.add_argument("--plot", metavar="PNG", help="plot time per call against batch size")
@@ -78,7 +81,8 @@ def _config(args: argparse.Namespace) -> Any:
     return BenchConfig(
         shapes=shapes, devices=devices, backends=list(args.backend or ["auto"]),
         variants=variants, dtypes=tuple(dtypes), repetitions=repetitions,
-        min_block_s=0.01 if args.quick else 0.03, validation=args.validation,
+        min_block_s=0.01 if args.quick else 0.03,
+        validation={None: False, "default": True}.get(args.validation, args.validation),
         threads=args.threads, clock=args.clock,
     )
 
@@ -98,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"portable-verify bench: {exc}", file=sys.stderr)
         return 2
     torch.set_num_threads(config.threads)
-    console = Console(width=None if sys.stdout.isatty() else 150)
+    # With the JSON on standard output, the human-readable table goes to stderr.
+    console = Console(width=None if sys.stdout.isatty() else 150, stderr=to_stdout(args))
     meta = metadata(config, getattr(args, "argv", None))
     cells: list[dict[str, Any]] = []
     total = len(plan(config))
@@ -118,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
     peer = next(iter(meta["peers"].items()))
     console.print(f"peer {peer[0]}: {peer[1]['detail']}")
     if args.json:
-        output.write_json(args.json, meta, cells)
+        write_json(args.json, {"meta": meta, "cells": cells,
+                               "targets": output.target_summary(cells)})
     if args.csv:
         output.write_csv(args.csv, meta, cells)
     if args.markdown:

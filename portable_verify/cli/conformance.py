@@ -10,6 +10,8 @@ import argparse
 import sys
 from typing import Any
 
+from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
+
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -39,6 +41,7 @@ def add_parser(subparsers: Any) -> None:
         help="torch intra-op threads while checking (default 1: the checks use small tensors, "
         "and extra threads only oversubscribe a shared machine)",
     )
+    add_json_option(p, "one row per check and backend (status, seconds, evidence)")
     p.set_defaults(func=run)
 
 
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     import portable_verify as pv
-    from portable_verify.testing.stats_controls import controls_registered
+    from portable_verify.testing.stats.negative_controls import controls_registered
 
     if args.threads < 1:
         print("portable-verify conformance: --threads must be >= 1", file=sys.stderr)
@@ -79,7 +82,17 @@ def _run(args: argparse.Namespace, backends: list[str]) -> int:
             print(f"portable-verify conformance: no check matches {args.check}", file=sys.stderr)
             return 2
     rows = report.run_checks(backends, args.quick, checks=wanted, progress=_progress)
-    report.render(rows)
+    if to_stdout(args):  # the JSON owns standard output; the table goes to stderr
+        from rich.console import Console
+
+        report.render(rows, Console(stderr=True))
+    else:
+        report.render(rows)
+    if args.json:
+        write_json(args.json, {"rows": [
+            {"backend": r.backend, "check": r.result.name, "status": r.status,
+             "seconds": r.seconds, "evidence": report.evidence(r.result),
+             "stats": r.result.stats} for r in rows]})
     return 1 if report.failures(rows) else 0
 
 

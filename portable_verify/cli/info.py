@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
+
+from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
 
 
 def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("info", help="show devices, backends and library versions")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON instead")
+    add_json_option(p, "everything shown ('-' prints it instead of the tables)")
     p.set_defaults(func=run)
 
 
@@ -23,7 +24,7 @@ def collect() -> dict[str, Any]:
     return {
         "machine": environment.machine(),
         "devices": environment.devices(),
-        "auto_backend": {"cpu": select_backend("auto", "cpu").name},
+        "auto_backend": {"cpu": select_backend("auto", "cpu").qualified_name},
         "backends": {name: {"available": s.available, "reason": s.reason}
                      for name, s in status.items()},
         "versions": environment.library_versions(),
@@ -33,7 +34,8 @@ def collect() -> dict[str, Any]:
 def run(args: argparse.Namespace) -> int:
     data = collect()
     if args.json:
-        print(json.dumps(data, indent=2))
+        write_json(args.json, data)
+    if to_stdout(args):
         return 0
     from rich.console import Console
     from rich.table import Table

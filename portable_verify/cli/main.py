@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("bench", "info", "conformance", "e2e")
+SUBCOMMANDS = ("bench", "info", "conformance", "e2e", "gpu-check", "serve-check")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -20,7 +20,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
-        importlib.import_module(f"portable_verify.cli.{name}").add_parser(sub)
+        importlib.import_module(f"portable_verify.cli.{name.replace('-', '_')}").add_parser(sub)
     return parser
 
 

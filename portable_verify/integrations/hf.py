@@ -26,13 +26,13 @@ import inspect
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from portable_verify.core import rng
-from portable_verify.core.api import verify
-from portable_verify.core.types import DEFAULT_TYPICAL_ALPHA, DEFAULT_TYPICAL_EPS, VerifyResult
+from portable_verify import verify
+from portable_verify.core import arguments, rng
+from portable_verify.core.types import DEFAULT_TYPICAL, VerifyResult
 
 LOOP_METHODS: tuple[str, ...] = ("greedy", "rejection", "typical")
 DRAFT_OFFSET = 1 << 40
@@ -45,7 +45,9 @@ Verifier = Callable[..., VerifyResult]
 
 @dataclass
 class LoopMetrics:
-    """What one decoding run measured. Times are wall-clock seconds on the host.
+    """What one decoding run measured. Times are seconds on the loop's clock (the host's wall
+    clock unless given); a speculative step splits into draft, target and verify time, the rest
+    of ``decode_time_s`` is the loop's own bookkeeping.
 
     ``tokens_per_s`` counts new tokens over the decode steps (prefill excluded, for speculative
     and target-only runs alike). Acceptance counts only rows still generating at that step.
@@ -60,6 +62,8 @@ class LoopMetrics:
     prefill_time_s: float = 0.0
     decode_time_s: float = 0.0
     verify_time_s: float = 0.0
+    draft_time_s: float = 0.0
+    target_time_s: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -100,6 +104,8 @@ class LoopMetrics:
         self.prefill_time_s += other.prefill_time_s
         self.decode_time_s += other.decode_time_s
         self.verify_time_s += other.verify_time_s
+        self.draft_time_s += other.draft_time_s
+        self.target_time_s += other.target_time_s
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +119,8 @@ class LoopMetrics:
             "decode_time_s": self.decode_time_s,
             "mean_step_time_s": self.mean_step_time_s,
             "verify_time_s": self.verify_time_s,
+            "draft_time_s": self.draft_time_s,
+            "target_time_s": self.target_time_s,
             "verify_share": self.verify_share,
         }
 
@@ -128,14 +136,37 @@ class GenerateResult:
     metrics: LoopMetrics
 
 
+@runtime_checkable
+class StepModel(Protocol):
+    """What the loop needs from a model: a cache, a prefill, and logits of a few new tokens.
+
+    Why a protocol: the same loop (and so the same verification and bookkeeping) drives
+    transformers modules, compiled OpenVINO models and draft-free proposers. ``mask`` is
+    ``None`` or the 2-D ``[B, cached + S]`` mask of every cache slot plus the new tokens; the
+    cache object must support ``crop(-n)`` (drop the last ``n`` slots).
+    """
+
+    def new_cache(self) -> Any: ...
+
+    def prefill(self, ids: torch.Tensor, cache: Any, pos: torch.Tensor,
+                mask: torch.Tensor | None) -> None: ...
+
+    def logits(self, ids: torch.Tensor, cache: Any, pos: torch.Tensor,
+               mask: torch.Tensor | None, last_only: bool = False) -> torch.Tensor: ...
+
+
+def as_step_model(model: Any, fast_head: bool = False) -> StepModel:
+    """``model`` itself when it speaks :class:`StepModel`, else a transformers module wrapped."""
+    return model if isinstance(model, StepModel) else _Forward(model, fast_head)
+
+
 class _Forward:
     """A causal LM split into decoder and LM head: logits only where needed, optional ``W @ h.T``.
 
     Why the split: the draft and the prefill need at most the last position's logits. Why the
-    option: an earlier torch/MKL ran ``h @ W.T`` with 2-5 rows up to ~2x slower than one row,
-    and ``W @ h.T`` avoided it. With torch 2.13 on this CPU the opposite holds (SmolLM2's
-    49152x576 head, 3 rows, 1 thread: 13.6 ms plain vs 26.8 ms transposed), so it is off by
-    default. Used only for architectures whose logits are a plain, bias-free head.
+    option: some torch/BLAS builds run ``h @ W.T`` with a few rows much slower than one row,
+    and ``W @ h.T`` avoids it; others show the opposite (measurements in docs/e2e.md), so it
+    is off by default. Used only for architectures whose logits are a plain, bias-free head.
     """
 
     def __init__(self, model: Any, fast_head: bool) -> None:
@@ -147,6 +178,11 @@ class _Forward:
         usable = fast_head and type(head) is torch.nn.Linear and head.bias is None
         self.weight = head.weight if self.decoder is not None and usable else None
         self._cache_kw = _cache_keyword(self.decoder if self.decoder is not None else model)
+
+    def new_cache(self) -> Any:
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.model.config)
 
     def _hidden(self, ids: torch.Tensor, cache: Any, pos: torch.Tensor,
                 mask: torch.Tensor | None) -> torch.Tensor:
@@ -186,12 +222,6 @@ def _cache_keyword(module: Any) -> str:
     return "cache" if "cache" in inspect.signature(module.forward).parameters else "past_key_values"
 
 
-def _new_cache(model: Any) -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.config)
-
-
 def _check_prompt(input_ids: Any, attention_mask: Any) -> tuple[torch.Tensor, torch.Tensor]:
     if not isinstance(input_ids, torch.Tensor):
         raise TypeError(f"input_ids must be a torch.Tensor, got {type(input_ids).__name__}")
@@ -223,31 +253,20 @@ def _row_temperatures(temperature: Any, method: str, b: int,
     """float32 ``[B]`` (0 = greedy row), or None for an all-greedy run."""
     if method == "greedy":
         return None
-    if temperature is None:
-        temperature = 1.0
-    if isinstance(temperature, (int, float)):
-        if not float(temperature) >= 0:
-            raise ValueError(f"temperature must be >= 0, got {temperature}")
-        return torch.full((b,), float(temperature), dtype=torch.float32, device=device)
-    t = torch.as_tensor(temperature, dtype=torch.float32, device=device).reshape(-1)
-    if t.shape[0] != b:
-        raise ValueError(f"temperature has {t.shape[0]} entries, expected B = {b}")
-    if not bool(((t >= 0) & ~torch.isnan(t)).all()):
+    if isinstance(temperature, (list, tuple)):
+        temperature = torch.tensor(temperature, dtype=torch.float32, device=device)
+    temps, _, _ = arguments.temperatures(temperature, b, device)
+    if isinstance(temperature, torch.Tensor) and not bool(((temps >= 0) & ~temps.isnan()).all()):
         raise ValueError("temperature must be >= 0 and not NaN in every row")
-    return t
+    return temps
 
 
 def _row_seeds(seed: int | Sequence[int] | torch.Tensor | None, b: int,
                device: torch.device) -> torch.Tensor:
     """int64 ``[B]`` per-request seeds (``None``: drawn from torch's global generator)."""
-    if seed is None:
-        return torch.randint(0, 2**62, (b,), dtype=torch.int64, device=device)
-    if isinstance(seed, int) and not isinstance(seed, bool):
-        return rng.row_seeds(seed, torch.arange(b, dtype=torch.int64, device=device))
-    s = torch.as_tensor(seed, device=device)
-    if s.is_floating_point() or s.dim() != 1 or s.shape[0] != b:
-        raise ValueError(f"seed must be an int or B = {b} integer seeds, got {seed!r}")
-    return s.to(torch.int64)
+    if isinstance(seed, (list, tuple)):
+        seed = torch.tensor(seed, dtype=torch.int64, device=device)
+    return arguments.request_seeds(seed, b, device)
 
 
 def _eos_ids(eos_token_id: int | Sequence[int] | None) -> frozenset[int]:
@@ -322,15 +341,17 @@ def speculative_generate(
     verifier: Verifier | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
-    typical_eps: float = DEFAULT_TYPICAL_EPS,
-    typical_alpha: float = DEFAULT_TYPICAL_ALPHA,
+    typical_eps: float = DEFAULT_TYPICAL.eps,
+    typical_alpha: float = DEFAULT_TYPICAL.alpha,
     validate: bool = False,
     fast_head: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> GenerateResult:
     """Generate up to ``max_new_tokens`` per row with ``k`` draft tokens per step.
 
     Args:
-        target_model, draft_model: causal LMs with the same vocabulary (transformers 5.x).
+        target_model, draft_model: causal LMs with the same vocabulary (transformers 5.x
+            modules, or any :class:`StepModel`).
         input_ids: int ``[B, P]`` prompts, left-padded when ragged (with ``attention_mask``).
         max_new_tokens: new tokens per row; a row also stops after emitting an EOS id.
         k: draft tokens per step (>= 1).
@@ -341,7 +362,9 @@ def speculative_generate(
         verifier: a callable with :func:`portable_verify.verify`'s signature (default).
         validate: forwarded to the verifier (False: trusted inputs, no extra host sync).
         fast_head: compute LM heads as ``W @ h.T`` where the architecture allows (see
-            :class:`_Forward`; off by default, slower with torch 2.13 on CPU).
+            :class:`_Forward`; off by default).
+        clock: what the metrics' times read (``time.process_time`` on a shared CPU: it leaves
+            out the time spent waiting for a core, so one-thread runs stay comparable).
 
     Returns:
         :class:`GenerateResult`. With ``method="greedy"`` in float32, ``sequences`` equals
@@ -364,13 +387,13 @@ def speculative_generate(
     seeds = _row_seeds(seed, b, device)
     eos = _eos_ids(eos_token_id)
     rows = _Rows(b, max_new_tokens, eos)
-    target, draft = _Forward(target_model, fast_head), _Forward(draft_model, fast_head)
-    t_cache, d_cache = _new_cache(target_model), _new_cache(draft_model)
+    target, draft = as_step_model(target_model, fast_head), as_step_model(draft_model, fast_head)
+    t_cache, d_cache = target.new_cache(), draft.new_cache()
     metrics = LoopMetrics(k=k, accepted_per_position=[0] * k)
     ones = torch.ones(b, 1, dtype=torch.int64, device=device)
     steps_k1 = torch.arange(k + 1, device=device)
 
-    start = time.perf_counter()
+    start = clock()
     positions = (mask.cumsum(1) - 1).clamp_(min=0)
     holes = bool((mask == 0).any())  # padding counts as holes; one sync before the loop
     t_mask = d_mask = mask[:, :-1]
@@ -379,11 +402,11 @@ def speculative_generate(
         draft.prefill(ids[:, :-1], d_cache, positions[:, :-1], d_mask if holes else None)
     pending, pend_mask, pend_pos = ids[:, -1:], ones, positions[:, -1:]
     last_pos = positions[:, -1]  # position of each row's last emitted token
-    metrics.prefill_time_s = time.perf_counter() - start
+    metrics.prefill_time_s = clock() - start
 
     step = 0
     while not all(rows.done):
-        t0 = time.perf_counter()
+        t0 = clock()
         active = [not d for d in rows.done]
         u_draft = None
         if temps is not None:
@@ -402,16 +425,19 @@ def speculative_generate(
                 logits = draft.logits(x.unsqueeze(1), d_cache, (last_pos + 1 + j).unsqueeze(1),
                                       d_mask if holes else None, True)
         draft_ids = torch.stack(drafts, 1)
+        td = clock()
+        metrics.draft_time_s += td - t0
         # 2. score the last emitted token + k drafts in one target forward
         t_in = torch.cat([pending[:, -1:], draft_ids], 1)
         t_full = torch.cat([t_mask, ones.expand(b, k + 1)], 1)
         t_logits = target.logits(t_in, t_cache, last_pos.unsqueeze(1) + steps_k1,
                                  t_full if holes else None)
+        metrics.target_time_s += clock() - td
         if t_logits.shape[-1] != logits.shape[-1]:
             raise ValueError(f"target_model has vocabulary {t_logits.shape[-1]}, draft_model "
                              f"{logits.shape[-1]}: they must share one tokenizer")
         # 3. verify
-        tv = time.perf_counter()
+        tv = clock()
         result = verifier(
             draft_ids,
             target_logits=t_logits,
@@ -424,7 +450,7 @@ def speculative_generate(
             typical_alpha=typical_alpha,
             validate=validate,
         )
-        metrics.verify_time_s += time.perf_counter() - tv
+        metrics.verify_time_s += clock() - tv
         a = result.num_accepted
         host = torch.cat([result.token_ids, a.unsqueeze(1)], 1).tolist()  # the step's one sync
         a_host = [row[-1] for row in host]
@@ -460,7 +486,7 @@ def speculative_generate(
             pending, pend_mask, pend_pos = bonus, ones, last_pos.unsqueeze(1)
         step += 1
         metrics.steps = step
-        metrics.decode_time_s += time.perf_counter() - t0
+        metrics.decode_time_s += clock() - t0
 
     metrics.new_tokens = sum(len(t) for t in rows.tokens)
     return GenerateResult(rows.sequences(ids, _pad_id(pad_token_id, eos)), rows.tokens, metrics)
@@ -476,29 +502,30 @@ def target_only_generate(
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     fast_head: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
 ) -> GenerateResult:
     """Greedy decoding with a KV cache, one token per forward: the baseline speculative decoding
-    must beat, measured with the same forward code and the same one sync per step."""
+    must beat, measured with the same forward code, the same one sync per step and ``clock``."""
     max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
     ids, mask = _check_prompt(input_ids, attention_mask)
     b, p = ids.shape
-    fwd = _Forward(model, fast_head)
-    cache = _new_cache(model)
+    fwd = as_step_model(model, fast_head)
+    cache = fwd.new_cache()
     eos = _eos_ids(eos_token_id)
     rows = _Rows(b, max_new_tokens, eos)
     metrics = LoopMetrics(k=0)
     ones = torch.ones(b, 1, dtype=torch.int64, device=ids.device)
 
-    start = time.perf_counter()
+    start = clock()
     positions = (mask.cumsum(1) - 1).clamp_(min=0)
     holes = bool((mask == 0).any())
     cur_mask = mask[:, :-1]
     if p > 1:
         fwd.prefill(ids[:, :-1], cache, positions[:, :-1], cur_mask if holes else None)
     token, pos = ids[:, -1:], positions[:, -1:]
-    metrics.prefill_time_s = time.perf_counter() - start
+    metrics.prefill_time_s = clock() - start
     while not all(rows.done):
-        t0 = time.perf_counter()
+        t0 = clock()
         active = [not d for d in rows.done]
         cur_mask = torch.cat([cur_mask, ones], 1)
         logits = fwd.logits(token, cache, pos, cur_mask if holes else None, True)
@@ -509,6 +536,6 @@ def target_only_generate(
         pos = pos + 1
         metrics.steps += 1
         metrics.row_steps += sum(active)
-        metrics.decode_time_s += time.perf_counter() - t0
+        metrics.decode_time_s += clock() - t0
     metrics.new_tokens = sum(len(t) for t in rows.tokens)
     return GenerateResult(rows.sequences(ids, _pad_id(pad_token_id, eos)), rows.tokens, metrics)

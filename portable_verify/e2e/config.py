@@ -1,0 +1,127 @@
+"""What one end-to-end run measures: the configuration, its presets and the default prompts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from portable_verify.core.types import DEFAULT_TYPICAL, TypicalParams
+
+PROMPTS: tuple[str, ...] = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain in simple words why the sky is blue.",
+    "List five tips for learning a new programming language.",
+    "Describe how a bicycle works to a ten-year-old.",
+    "What are the main causes of the seasons on Earth?",
+    "Write a friendly email inviting a colleague to lunch next week.",
+    "Summarise the water cycle in a few sentences.",
+    "Give a recipe for a simple vegetable soup.",
+)
+CODE_EDIT_PROMPTS: tuple[str, ...] = (
+    "Rename the variable `n` to `count` everywhere in this function and return the whole "
+    "function:\n```python\ndef count_words(text):\n    n = 0\n    for line in text.splitlines():"
+    "\n        for word in line.split():\n            if word.strip():\n                n += 1\n"
+    "    return n\n```",
+    "Add type hints to this function and return the whole function:\n```python\n"
+    "def mean(values):\n    total = 0.0\n    for v in values:\n        total += v\n"
+    "    return total / len(values) if values else 0.0\n```",
+    "Add a docstring to this class and return the whole class:\n```python\nclass Stack:\n"
+    "    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    "        self.items.append(item)\n\n    def pop(self):\n        return self.items.pop()\n"
+    "\n    def __len__(self):\n        return len(self.items)\n```",
+    "Replace the print calls with logging.info in this code and return the whole code:\n"
+    "```python\nimport logging\n\ndef load(path):\n    print('loading', path)\n"
+    "    with open(path) as f:\n        data = f.read()\n    print('read', len(data), 'bytes')\n"
+    "    return data\n```",
+)
+"""Prompts whose answers copy most of the prompt: where prompt lookup (``--draft ngram``) pays."""
+PROMPT_SETS: dict[str, tuple[str, ...]] = {"chat": PROMPTS, "code-edit": CODE_EDIT_PROMPTS}
+RUNTIMES: tuple[str, ...] = ("torch", "openvino")
+DRAFTS: tuple[str, ...] = ("int8", "int4", "ngram")
+"""Draft names that are not folders: the target compressed (int8, int4) or prompt lookup."""
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named set of options; the CLI refuses a flag that contradicts one of them."""
+
+    name: str
+    sets: dict[str, Any]
+    why: str
+
+
+PRESETS: dict[str, Preset] = {
+    "seed": Preset("seed", {"method": "typical", "ks": (2,), "batch": 1, "dense": True},
+                   "the founding measurement: typical acceptance, k=2, batch 1, verify against "
+                   "the dense verifier"),
+}
+QUICK = {"ks": (2,), "max_new_tokens": 24, "num_prompts": 2, "rounds": 1}
+"""What ``--quick`` changes, unless the flag for that option is given."""
+
+
+@dataclass
+class E2EConfig:
+    """Everything one ``e2e`` invocation measures."""
+
+    target: str = "default"
+    draft: str = "int8"
+    runtime: str = "torch"
+    dtype: str = "float32"
+    ks: tuple[int, ...] = (1, 2, 3, 4, 5)
+    method: str = "greedy"
+    temperature: float = 1.0
+    batch: int = 1
+    max_new_tokens: int = 96
+    num_prompts: int = 4
+    rounds: int = 2
+    seed: int = 0
+    threads: int = 1
+    prompt_set: str = "chat"
+    dense: bool = False
+    clock: str = "wall"  # "wall" or "cpu" (process CPU time: waiting for a core left out)
+    preset: str | None = None
+    typical: TypicalParams = DEFAULT_TYPICAL
+    def __post_init__(self) -> None:
+        if self.prompt_set not in PROMPT_SETS:
+            raise ValueError(f"prompt_set must be one of {sorted(PROMPT_SETS)}, "
+                             f"got {self.prompt_set!r}")
+        for name in ("batch", "max_new_tokens", "num_prompts", "rounds"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise ValueError(f"ks must be draft lengths >= 1, got {self.ks}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0 (0 keeps the default), got {self.threads}")
+        if self.num_prompts > len(self.prompts):
+            raise ValueError(f"num_prompts must be at most {len(self.prompts)} for the "
+                             f"{self.prompt_set} prompts, got {self.num_prompts}")
+        if self.runtime not in RUNTIMES:
+            raise ValueError(f"runtime must be one of {RUNTIMES}, got {self.runtime!r}")
+        if self.runtime == "openvino" and self.dtype != "float32":
+            raise ValueError("the openvino runtime runs float32 (its weights may be compressed "
+                             f"with --draft int8/int4); got dtype {self.dtype!r}")
+        if self.draft == "int4" and self.runtime != "openvino":
+            raise ValueError("--draft int4 needs --runtime openvino")
+        if self.clock not in ("wall", "cpu"):
+            raise ValueError(f"clock must be 'wall' or 'cpu', got {self.clock!r}")
+        if self.clock == "cpu" and self.threads != 1:
+            raise ValueError("the cpu clock sums every thread's time: use it with threads=1")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+
+    @property
+    def prompts(self) -> tuple[str, ...]:
+        return PROMPT_SETS[self.prompt_set]
+
+    def as_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["ks"] = list(self.ks)
+        data["typical"] = {"eps": self.typical.eps, "alpha": self.typical.alpha}
+        return data
+
+
+def apply_preset(cfg: E2EConfig, name: str) -> E2EConfig:
+    """``cfg`` with preset ``name``'s options set (conflicts are the caller's to refuse)."""
+    if name not in PRESETS:
+        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
+    return replace(cfg, preset=name, **PRESETS[name].sets)

@@ -1,0 +1,256 @@
+"""The end-to-end experiment: every configuration on the same prompts, interleaved, as data.
+
+Configurations (target-only, then speculative at each ``k``, then the dense verifier when
+asked) run round by round over the same prompt batches, the starting configuration rotated each
+round, so a burst of load from another process hits them alike and the *ratios* stay meaningful
+on a shared machine. Each speed-up is reported with its spread: one ratio per (round, batch),
+each against target-only decoding of the same batch in the same round.
+"""
+
+from __future__ import annotations
+
+import datetime
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from portable_verify.bench import environment
+from portable_verify.e2e.config import E2EConfig
+from portable_verify.e2e.dense_verifier import dense_verifier
+from portable_verify.e2e.runtimes import Engines, load_engines
+from portable_verify.integrations import hf
+
+Progress = Callable[[str], None]
+"""Receives one human-readable line per finished stage or configuration run."""
+
+
+@dataclass
+class Contender:
+    """One configuration's results, accumulated over prompts and rounds."""
+
+    name: str
+    k: int  # 0: target-only decoding
+    verifier: str  # "-" (target-only), "verify" or "dense"
+    metrics: hf.LoopMetrics
+    tokens_per_s: list[float] = field(default_factory=list)  # one per (round, batch)
+    speedups: list[float] = field(default_factory=list)  # against target-only, same batch
+    matched: int = 0
+    compared: int = 0
+    mismatched_rows: int = 0
+
+    def summary(self, greedy: bool, baseline_tokens_per_s: float) -> dict[str, Any]:
+        """Plain data: the loop's metrics, the speed-up with its spread, the greedy check."""
+        data = self.metrics.as_dict()
+        data.update(name=self.name, verifier=self.verifier,
+                    tokens_per_target_forward=_per_target_forward(self),
+                    speedup_vs_target_only=_ratio(data["tokens_per_s"],
+                                                  baseline_tokens_per_s) if self.k else 1.0,
+                    speedup_spread=spread(self.speedups) if self.k else None)
+        if self.k and greedy:
+            data["greedy_match_rate"] = self.matched / self.compared if self.compared else None
+            data["greedy_mismatched_rows"] = self.mismatched_rows
+            data["greedy_equal"] = self.mismatched_rows == 0
+        return data
+
+
+def _per_target_forward(c: Contender) -> float | None:
+    """New tokens per target forward: the mean accepted length seen from the target's side."""
+    return c.metrics.new_tokens / c.metrics.steps if c.metrics.steps else None
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b and b == b and a == a else None
+
+
+def spread(values: list[float]) -> dict[str, float] | None:
+    """``{"min", "median", "max", "n"}`` of ``values`` (None when empty)."""
+    if not values:
+        return None
+    return {"min": min(values), "median": statistics.median(values), "max": max(values),
+            "n": len(values)}
+
+
+def cpu_flags() -> list[str]:
+    """The SIMD features that decide CPU matmul speed (named beside every figure)."""
+    wanted = ("avx2", "fma", "avx512f", "avx512_bf16", "avx512_vnni", "avx_vnni", "amx_bf16",
+              "amx_int8")
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [w for w in wanted if w in have]
+    except OSError:
+        pass
+    return []
+
+
+def _load_average() -> list[float] | None:
+    """The machine's 1/5/15-minute load: how shared the CPU was while this ran."""
+    try:
+        with open("/proc/loadavg", encoding="utf-8") as f:
+            return [float(x) for x in f.read().split()[:3]]
+    except OSError:
+        return None
+
+
+def prompt_batches(tokenizer: Any, cfg: E2EConfig) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Left-padded ``(input_ids, attention_mask)`` batches, chat-formatted when possible."""
+    texts = list(cfg.prompts[: cfg.num_prompts])
+    if getattr(tokenizer, "chat_template", None):
+        texts = [tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
+                                               add_generation_prompt=True) for t in texts]
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    batches = []
+    for i in range(0, len(texts), cfg.batch):
+        enc = tokenizer(texts[i: i + cfg.batch], return_tensors="pt", padding=True,
+                        add_special_tokens=False)
+        batches.append((enc.input_ids, enc.attention_mask))
+    return batches
+
+
+def prefix_match(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of ``a`` and ``b``."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def contenders(cfg: E2EConfig) -> list[Contender]:
+    """Target-only first, then speculative at each ``k`` (and with the dense verifier)."""
+    runs = [Contender("target-only", 0, "-", hf.LoopMetrics(k=0))]
+    verifiers = ["verify", "dense"] if cfg.dense else ["verify"]
+    for v in verifiers:
+        for k in cfg.ks:
+            name = f"spec k={k}" + (" dense" if v == "dense" else "")
+            runs.append(Contender(name, k, v, hf.LoopMetrics(k=k, accepted_per_position=[0] * k)))
+    return runs
+
+
+def run_e2e(cfg: E2EConfig, progress: Progress | None = None,
+            argv: list[str] | None = None) -> dict[str, Any]:
+    """Load (converting once where needed), run every configuration interleaved, return data."""
+    say = progress or (lambda line: None)
+    previous_threads = torch.get_num_threads()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    try:
+        engines = load_engines(cfg, say)
+        runs = _measure(cfg, engines, say)
+    finally:
+        torch.set_num_threads(previous_threads)
+    return _report(cfg, engines, runs, argv)
+
+
+def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]:
+    tokenizer = engines.tokenizer
+    batches = prompt_batches(tokenizer, cfg)
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    runs = contenders(cfg)
+    greedy = cfg.method == "greedy"
+    clock = time.process_time if cfg.clock == "cpu" else time.perf_counter
+
+    def generate(run: Contender, ids: torch.Tensor, mask: torch.Tensor, n: int) -> Any:
+        if run.k == 0:
+            return hf.target_only_generate(engines.target, ids, attention_mask=mask,
+                                           max_new_tokens=n, eos_token_id=eos, pad_token_id=pad,
+                                           clock=clock)
+        verifier = dense_verifier(cfg.seed) if run.verifier == "dense" else None
+        return hf.speculative_generate(
+            engines.target, engines.draft, ids, attention_mask=mask, max_new_tokens=n,
+            k=run.k, method=cfg.method, temperature=cfg.temperature, seed=cfg.seed,
+            verifier=verifier, eos_token_id=eos, pad_token_id=pad,
+            typical_eps=cfg.typical.eps, typical_alpha=cfg.typical.alpha, clock=clock)
+
+    ids0, mask0 = batches[0]  # warm-up: allocator, thread pools, compiled kernels, lazy inits
+    for run in runs:
+        generate(run, ids0, mask0, 4)
+    reference: dict[int, list[list[int]]] = {}
+    total = cfg.rounds * len(batches) * len(runs)
+    done = 0
+    for rnd in range(cfg.rounds):
+        for bi, (ids, mask) in enumerate(batches):
+            order = runs[rnd % len(runs):] + runs[: rnd % len(runs)]  # rotate who goes first
+            if bi not in reference:  # target-only first in round 0: the equality reference
+                order = [runs[0]] + [r for r in order if r is not runs[0]]
+            base_tps = float("nan")
+            batch_tps: dict[str, float] = {}
+            for run in order:
+                out = generate(run, ids, mask, cfg.max_new_tokens)
+                if run.k == 0:
+                    reference.setdefault(bi, out.new_tokens)
+                    base_tps = out.metrics.tokens_per_s
+                elif greedy:
+                    for got, want in zip(out.new_tokens, reference[bi], strict=True):
+                        run.matched += prefix_match(got, want)
+                        run.compared += len(want)
+                        run.mismatched_rows += int(got != want)
+                run.metrics.merge(out.metrics)
+                run.tokens_per_s.append(out.metrics.tokens_per_s)
+                batch_tps[run.name] = out.metrics.tokens_per_s
+                done += 1
+                say(f"[{done}/{total}] round {rnd + 1}/{cfg.rounds}, prompts batch "
+                    f"{bi + 1}/{len(batches)}: {run.name}: {out.metrics.tokens_per_s:.1f} "
+                    f"tokens/s, {out.metrics.steps} steps")
+            for run in runs[1:]:
+                run.speedups.append(batch_tps[run.name] / base_tps)
+    return runs
+
+
+def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
+            argv: list[str] | None) -> dict[str, Any]:
+    greedy = cfg.method == "greedy"
+    exact = greedy and cfg.dtype == "float32"
+    results = [run.summary(greedy, runs[0].metrics.tokens_per_s) for run in runs]
+    data: dict[str, Any] = {
+        "command": "portable-verify " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "config": cfg.as_dict(),
+        "context": {
+            "runtime": cfg.runtime,
+            "torch": torch.__version__,
+            "versions": environment.library_versions(),
+            "machine": environment.machine(),
+            "cpu_flags": cpu_flags(),
+            "threads": cfg.threads or torch.get_num_threads(),
+            "clock": cfg.clock,
+            "load_average": _load_average(),
+            "target": engines.target_label,
+            "draft": engines.draft_label,
+            "conversion_time_s": engines.conversion_s,
+            "load_time_s": engines.load_s,
+            "prompts": cfg.num_prompts,
+            "note": "ratios come from interleaved runs in one process; tokens/s excludes "
+                    "prefill; spread: one ratio per (round, prompt batch)",
+        },
+        "equality_checked": exact,
+        "results": results,
+    }
+    if cfg.dense:
+        ours = {r["k"]: r for r in results if r["verifier"] == "verify"}
+        dense = {r["k"]: r for r in results if r["verifier"] == "dense"}
+        data["dense_comparison"] = [
+            {"k": k, "tokens_per_s_verify": ours[k]["tokens_per_s"],
+             "tokens_per_s_dense": dense[k]["tokens_per_s"],
+             "ratio": ours[k]["tokens_per_s"] / dense[k]["tokens_per_s"],
+             "verify_ms_per_step": 1e3 * ours[k]["verify_time_s"] / max(ours[k]["steps"], 1),
+             "dense_ms_per_step": 1e3 * dense[k]["verify_time_s"] / max(dense[k]["steps"], 1)}
+            for k in ours]
+    return data
+
+
+def mismatches(data: dict[str, Any]) -> list[str]:
+    """One line per configuration whose greedy output differs from target-only decoding."""
+    return [f"{r['name']}: {r['greedy_mismatched_rows']} row(s) differ from target-only greedy "
+            f"decoding (match rate {r['greedy_match_rate']:.1%})"
+            for r in data["results"] if data["equality_checked"] and r.get("greedy_equal") is False]
