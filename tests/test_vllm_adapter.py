@@ -252,3 +252,24 @@ def test_typical_mixed_batch_matches_the_reference_and_is_deterministic() -> Non
     assert torch.equal(out, want)
     assert torch.equal(out, sampler(target, bonus, None, drafts))  # no randomness, q unused
     assert 0 < int(ref.num_accepted.sum()) < b * k
+
+
+def test_warns_inside_vllm_v0_where_seeds_would_be_dropped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM v0's worker passes ``seeded_seqs`` only to subclasses of its stochastic base
+    sampler; constructing the adapter in such a process must say that seeds will be lost."""
+    import sys
+    import types
+    import warnings
+
+    class SpecDecodeStochasticBaseSampler(torch.nn.Module):  # stand-in for vLLM v0's class
+        pass
+
+    fake = types.ModuleType("vllm.model_executor.layers.spec_decode_base_sampler")
+    fake.SpecDecodeStochasticBaseSampler = SpecDecodeStochasticBaseSampler
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RejectionSampler()  # no v0 worker in this process: silent
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    with pytest.warns(RuntimeWarning, match="seeded_seqs"):
+        RejectionSampler()

@@ -24,9 +24,12 @@ docs/integrations.md):
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 import torch
 
-from portable_verify.core.api import verify
+from portable_verify.api.padded import verify
 from portable_verify.core.metrics import MetricsAccumulator
 from portable_verify.core.types import (
     DEFAULT_TYPICAL_ALPHA,
@@ -34,8 +37,11 @@ from portable_verify.core.types import (
     PLACEHOLDER_TOKEN_ID,
     VerifyResult,
 )
+from portable_verify.integrations.generator_seeds import seeds_from_generators
 
-_SEED_HIGH = 2**62  # seeds are drawn in [0, 2**62): non-negative int64 on every device
+# vLLM v0's spec-decode worker passes ``seeded_seqs`` only to subclasses of this class of its own.
+_V0_STOCHASTIC_BASE = ("vllm.model_executor.layers.spec_decode_base_sampler",
+                       "SpecDecodeStochasticBaseSampler")
 
 
 class _SpecDecodeSampler(torch.nn.Module):
@@ -175,6 +181,7 @@ class RejectionSampler(_SpecDecodeSampler):
     ) -> None:
         super().__init__(strict_mode=strict_mode, backend=backend)
         self.use_flashinfer = False  # vLLM's attribute; portable_verify's backend decides
+        _warn_if_seeds_will_be_dropped(self)
 
     def forward(
         self,
@@ -192,7 +199,9 @@ class RejectionSampler(_SpecDecodeSampler):
             bonus_token_ids: int64 ``[B, 1]``, emitted at column ``K`` when all drafts pass.
             draft_probs: float32 ``[B, K, V]``, the distributions the drafts were sampled from.
             draft_token_ids: int64 ``[B, K]``.
-            seeded_seqs: ``{row: torch.Generator}`` for seeded requests. Each listed row draws
+            seeded_seqs: ``{row: torch.Generator}`` for seeded requests (vLLM v0's worker
+                sends them only to its own stochastic sampler subclasses: inside v0 this class
+                never receives them and warns at construction). Each listed row draws
                 one int64 seed from its generator (one tiny draw per seeded row, on the
                 generator's device; no host sync), so equal generator states give equal
                 outputs whatever the other rows are; other rows use fresh seeds from torch's
@@ -204,7 +213,7 @@ class RejectionSampler(_SpecDecodeSampler):
         device = target_with_bonus_probs.device
         if b == 0:
             return torch.empty((0, k + 1), dtype=self.token_id_dtype, device=device)
-        seeds = _row_seeds(seeded_seqs, b, device)
+        seeds = seeds_from_generators(seeded_seqs, b, device)
         result = verify(
             draft_token_ids,
             target_probs=target_with_bonus_probs,
@@ -212,7 +221,7 @@ class RejectionSampler(_SpecDecodeSampler):
             method="rejection",
             seed=seeds,
             backend=self.backend,
-            validate=self._strict_mode,
+            validate="full" if self._strict_mode else False,
         )
         return self._finish(result, bonus_token_ids)
 
@@ -266,33 +275,28 @@ class TypicalAcceptanceSampler(_SpecDecodeSampler):
             typical_eps=self._posterior_threshold,
             typical_alpha=self._posterior_alpha,
             backend=self.backend,
-            validate=self._strict_mode,
+            validate="full" if self._strict_mode else False,
         )
         return self._finish(result, bonus_token_ids)
 
 
-def _row_seeds(
-    seeded_seqs: dict[int, torch.Generator] | None, b: int, device: torch.device
-) -> torch.Tensor:
-    """int64 ``[B]`` seeds: one draw from each seeded row's generator, fresh ones elsewhere."""
-    seeds = torch.randint(0, _SEED_HIGH, (b,), dtype=torch.int64, device=device)
-    if not seeded_seqs:
-        return seeds
-    rows = list(seeded_seqs.keys())
-    for row, gen in seeded_seqs.items():
-        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < b:
-            raise ValueError(f"seeded_seqs keys must be row indices in [0, {b}), got {row!r}")
-        if not isinstance(gen, torch.Generator):
-            raise TypeError(
-                f"seeded_seqs[{row}] must be a torch.Generator, got {type(gen).__name__}"
-            )
-    drawn = [
-        torch.randint(0, _SEED_HIGH, (1,), dtype=torch.int64, generator=gen, device=gen.device)
-        .to(device)
-        for gen in seeded_seqs.values()
-    ]
-    seeds[torch.tensor(rows, dtype=torch.int64, device=device)] = torch.cat(drawn)
-    return seeds
+def _warn_if_seeds_will_be_dropped(sampler: torch.nn.Module) -> None:
+    """Warn inside a vLLM v0 process, whose worker never hands this class ``seeded_seqs``.
+
+    The check reads ``sys.modules`` only (a v0 worker has imported its sampler base already),
+    so it costs nothing and never imports vLLM.
+    """
+    module = sys.modules.get(_V0_STOCHASTIC_BASE[0])
+    base = getattr(module, _V0_STOCHASTIC_BASE[1], None)
+    if isinstance(base, type) and not isinstance(sampler, base):
+        warnings.warn(
+            "vLLM v0's spec-decode worker passes seeded_seqs only to subclasses of "
+            f"{'.'.join(_V0_STOCHASTIC_BASE)}; it will call this sampler without them, so "
+            "seeded requests get fresh seeds and are not reproducible "
+            "(docs/integrations.md, 'Seeded rows')",
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _accelerator_type() -> str:

@@ -1,0 +1,182 @@
+"""portable_verify in the place of vLLM v1's ``rejection_sample`` (the decision, nothing else).
+
+Why this seam: vLLM's ``RejectionSampler.forward`` first applies the logits processors,
+penalties, temperature, top-k/top-p and samples the bonus tokens with its regular sampler, then
+hands everything to the module function ``rejection_sample``. Replacing only that function keeps
+every one of vLLM's sampling features (and its logprobs) while portable_verify decides accept,
+reject, recover and where the bonus token goes. Nothing here imports vLLM: the function is
+called with vLLM's arguments, and the sampling metadata is read by attribute.
+
+What vLLM hands over: ``target_logits`` ``[N, V]`` float32, already divided by the temperature
+(greedy rows divided by 1) and masked (``-inf``) by top-k/top-p: the draft rows only, no bonus
+rows. portable_verify reads them in place through a row map (no copy): each request's bonus
+position points at an existing row whose content is never decisive, because the caller's bonus
+token (``bonus_token_ids``) replaces whatever is drawn there.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+
+from portable_verify.api.call import CallLayout, CallOptions, decide
+from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
+from portable_verify.integrations.generator_seeds import seeds_from_generators
+
+logger = logging.getLogger("vllm.plugins.portable_verify")
+
+RejectionSampleFn = Callable[..., torch.Tensor]
+
+
+def verify_spec_decode_step(
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: list[int],
+    max_spec_len: int,
+    cu_num_draft_tokens: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    target_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    temperature: torch.Tensor | None,
+    all_greedy: bool,
+    all_random: bool,
+    generators: Mapping[int, torch.Generator] | None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """One vLLM v1 verification step decided by portable_verify: int32 ``[B, max_spec_len+1]``.
+
+    Args mirror vLLM's (``cu_num_draft_tokens`` inclusive, no leading 0; ``num_draft_tokens``
+    a host list; draft id ``-1`` = no proposal). ``temperature`` is only compared with 0
+    (greedy rows): the logits arrive already tempered. Seeded requests (``generators``) with
+    drafts this step draw one seed each from their generator; requests without drafts never
+    touch theirs, as in vLLM, so a request's stream does not depend on its neighbours.
+    """
+    b = len(num_draft_tokens)
+    n = draft_token_ids.shape[0]
+    k = max_spec_len
+    device = target_logits.device
+    bonus = bonus_token_ids.reshape(-1)
+    if b == 0 or n == 0:  # nothing to verify: every request emits its bonus token
+        out = torch.full((b, k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device)
+        out[:, 0] = bonus.to(torch.int32)
+        return out
+    cu = cu_num_draft_tokens.to(torch.int64)
+    counts = torch.diff(cu, prepend=cu.new_zeros(1))
+    starts = cu - counts
+    pos = torch.arange(k + 1, device=device)
+    # Draft rows are start + j; the bonus position (j = n_i) is clamped into range: it is
+    # only read when every draft passed, and then the caller's bonus token replaces the draw.
+    rows = (starts.unsqueeze(1) + torch.minimum(pos, counts.unsqueeze(1))).clamp_(max=n - 1)
+    draft_rows = (starts.unsqueeze(1) + pos[:k]).clamp_(max=n - 1)
+    drafts = torch.where(pos[:k] < counts.unsqueeze(1),
+                         draft_token_ids.to(torch.int64)[draft_rows], 0)
+    layout = CallLayout(
+        drafts=drafts,
+        counts=counts,
+        target=target_logits,
+        target_name="target_logits",
+        rows=rows,
+        draft_probs=draft_probs,
+        draft_rows=draft_rows if draft_probs is not None else None,
+    )
+    if all_greedy:
+        options = CallOptions(method="greedy", bonus_token_ids=bonus, backend=backend,
+                              validate=False)
+    else:
+        skip = frozenset(i for i, m in enumerate(num_draft_tokens) if m == 0)
+        seeds = seeds_from_generators(generators, b, device, skip_rows=skip, check=False)
+        temps: float | torch.Tensor = 1.0
+        if not all_random:
+            assert temperature is not None, "vLLM gives per-request temperatures when mixed"
+            temps = torch.where(temperature[:b] == 0, 0.0, 1.0).to(torch.float32)
+        options = CallOptions(temperature=temps, seed=seeds, bonus_token_ids=bonus,
+                              backend=backend, validate=False)
+    result = decide(layout, options, return_numpy=False)
+    return result.token_ids.to(torch.int32)
+
+
+def make_rejection_sample(
+    vllm_rejection_sample: RejectionSampleFn | None, backend: str = "auto"
+) -> RejectionSampleFn:
+    """A drop-in for ``vllm.v1.sample.rejection_sampler.rejection_sample``.
+
+    Synthetic acceptance (a benchmarking mode that accepts drafts with fixed per-position
+    rates, ignoring the target) is handed back to ``vllm_rejection_sample`` with a logged
+    reason: it is not verification, and vLLM's own version is the definition.
+    """
+    told = False
+
+    def rejection_sample(
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: list[int],
+        max_spec_len: int,
+        cu_num_draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        target_logits: torch.Tensor,
+        bonus_token_ids: torch.Tensor,
+        sampling_metadata: Any,
+        synthetic_mode: bool = False,
+        synthetic_conditional_rates: torch.Tensor | None = None,
+        use_fp64_gumbel: bool = False,
+    ) -> torch.Tensor:
+        nonlocal told
+        rejection_sample.calls += 1  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        if synthetic_mode:
+            if vllm_rejection_sample is None:
+                raise NotImplementedError("synthetic acceptance needs vLLM's rejection_sample")
+            if not told:
+                logger.info("portable_verify: synthetic acceptance mode is vLLM's benchmarking "
+                            "rule, not verification; vLLM's own rejection_sample decides it")
+                told = True
+            out = vllm_rejection_sample(
+                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                draft_probs, target_logits, bonus_token_ids, sampling_metadata,
+                synthetic_mode=synthetic_mode,
+                synthetic_conditional_rates=synthetic_conditional_rates,
+                use_fp64_gumbel=use_fp64_gumbel,
+            )
+        else:
+            out = verify_spec_decode_step(
+                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
+                draft_probs, target_logits, bonus_token_ids,
+                temperature=sampling_metadata.temperature,
+                all_greedy=sampling_metadata.all_greedy,
+                all_random=sampling_metadata.all_random,
+                generators=sampling_metadata.generators,
+                backend=backend,
+            )
+        # Host time per call (on accelerators: launch time), for serve-check's report.
+        rejection_sample.seconds += time.perf_counter() - start  # type: ignore[attr-defined]
+        return out
+
+    # Markers for the plugin (install once), tests and serve-check (was it really used?).
+    rejection_sample.portable_verify = True  # type: ignore[attr-defined]
+    rejection_sample.vllm_original = vllm_rejection_sample  # type: ignore[attr-defined]
+    rejection_sample.calls = 0  # type: ignore[attr-defined]
+    rejection_sample.seconds = 0.0  # type: ignore[attr-defined]
+    return rejection_sample
+
+
+def timed(vllm_rejection_sample: RejectionSampleFn) -> RejectionSampleFn:
+    """vLLM's own function with the same call and host-time counters as the replacement.
+
+    Why: ``PORTABLE_VERIFY_VLLM=fix`` keeps vLLM's decision, and serve-check compares the time
+    each decision takes inside a running engine, where the machine's load is shared alike.
+    """
+
+    def rejection_sample(*args: Any, **kwargs: Any) -> torch.Tensor:
+        rejection_sample.calls += 1  # type: ignore[attr-defined]
+        start = time.perf_counter()
+        out = vllm_rejection_sample(*args, **kwargs)
+        rejection_sample.seconds += time.perf_counter() - start  # type: ignore[attr-defined]
+        return out
+
+    rejection_sample.timed = True  # type: ignore[attr-defined]
+    rejection_sample.vllm_original = vllm_rejection_sample  # type: ignore[attr-defined]
+    rejection_sample.calls = 0  # type: ignore[attr-defined]
+    rejection_sample.seconds = 0.0  # type: ignore[attr-defined]
+    return rejection_sample
