@@ -2,13 +2,19 @@
 
 >>> import portable_verify as pv
 >>> pv.available_backends()  # doctest: +SKIP
-['cpu', 'numpy', 'torch']
+['numpy', 'openvino:CPU', 'torch:cpu', 'triton:interpreter']
 """
 
-from portable_verify.core.api import verify
+from portable_verify.api.padded import verify
+from portable_verify.api.ragged import verify_ragged
 from portable_verify.core.metrics import MetricsAccumulator, compute_metrics, metrics_to_python
-from portable_verify.core.ragged import verify_ragged
-from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs, VerifyResult
+from portable_verify.core.types import (
+    INVALID_DRAFT_TOKEN_ID,
+    PLACEHOLDER_TOKEN_ID,
+    TypicalParams,
+    VerifyInputs,
+    VerifyResult,
+)
 from portable_verify.dispatch import (
     available_backends,
     backend_status,
@@ -18,8 +24,10 @@ from portable_verify.dispatch import (
 )
 
 __all__ = [
+    "INVALID_DRAFT_TOKEN_ID",
     "PLACEHOLDER_TOKEN_ID",
     "MetricsAccumulator",
+    "TypicalParams",
     "VerifyInputs",
     "VerifyResult",
     "available_backends",

@@ -199,10 +199,12 @@ def _numpy_inputs(inputs: VerifyInputs) -> VerifyInputs:
     return replace(inputs, **changes)
 
 
-def run(requested: str, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the backend ``requested`` names on ``inputs``; int64 tensors on the inputs' device."""
+def run(requested: str | Backend, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the backend ``requested`` names (or that backend itself, already selected) on
+    ``inputs``; int64 tensors on the inputs' device."""
     device = inputs.target.device
-    backend = select_backend(requested, device.type)
+    backend = (requested if isinstance(requested, Backend)
+               else select_backend(requested, device.type))
     if backend.torch_device_type() != device.type:
         raise ValueError(
             f"backend={backend.qualified_name!r} runs on {backend.torch_device_type()} tensors; "

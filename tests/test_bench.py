@@ -149,7 +149,8 @@ def test_bench_cli_writes_every_figure(tmp_path: Path) -> None:
         assert r["speedup_vs_dense"] == pytest.approx(t["dense"] / t["verify"])
         assert r["x_floor"] == pytest.approx(t["verify"] / t["floor"])
         assert c["floor_bytes"] > 0 and c["floor_impl"]
-        assert (t["argmax"] is not None) == (c["method"] == "greedy")
+        assert t["argmax"] > 0 and r["x_argmax"] == pytest.approx(t["verify"] / t["argmax"])
+        assert (t["vllm_v0_typical"] is not None) == (c["method"] == "typical")
         hf_applies = has_hf and c["B"] == 1 and c["method"] == "rejection"
         assert (t["hf"] is not None) == hf_applies, c["variant"]
     # Rejection from probabilities must read only one row of p and q per request.
@@ -183,7 +184,7 @@ def test_bench_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_info_lists_backends_with_reasons() -> None:
-    proc = subprocess.run([sys.executable, "-m", "portable_verify.cli.main", "info", "--json"],
+    proc = subprocess.run([sys.executable, "-m", "portable_verify.cli.main", "info", "--json", "-"],
                           capture_output=True, text=True, timeout=120, check=True)
     data = json.loads(proc.stdout)
     assert data["backends"]["numpy"]["available"] is True
@@ -214,3 +215,20 @@ def test_two_level_draw_matches_the_plain_scan() -> None:
     assert (w.gather(1, picked.unsqueeze(1)).squeeze(1)[alive] > 0).all()
     assert (picked != plain)[alive].float().mean() < 2e-3
     assert torch.equal(picked[:20][alive[:20]], plain[:20][alive[:20]])  # v = 1: last positive
+
+
+def test_gpu_check_refuses_without_a_gpu_and_rehearses_on_cpu(tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture[str]
+                                                              ) -> None:
+    from portable_verify.cli.main import main
+
+    if not torch.cuda.is_available():
+        assert main(["gpu-check", "--out", str(tmp_path / "refused")]) == 2
+        assert "no CUDA device" in capsys.readouterr().err
+    rc = main(["gpu-check", "--dry-run", "--out", str(tmp_path), "--tests",
+               str(tmp_path / "no-tests"), "--json", str(tmp_path / "copy.json")])
+    data = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert rc == 0 and all(data["summary"].values()), data["summary"]
+    assert data["verdict"]["small_v_exact"] is True
+    assert data["verdict"]["bench_cells"] > 0  # the bench grid itself ran on the device
+    assert json.loads((tmp_path / "copy.json").read_text())["verdict"] == data["verdict"]

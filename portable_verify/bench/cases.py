@@ -8,8 +8,11 @@ import torch
 
 Shape = tuple[int, int, int]  # (B, K, V)
 
-FULL_SHAPES: tuple[Shape, ...] = ((1, 2, 32000), (8, 4, 32000), (32, 4, 32000), (64, 5, 128256))
-QUICK_SHAPES: tuple[Shape, ...] = ((1, 2, 32000), (8, 4, 32000), (32, 4, 32000))
+FIXED_COST_SHAPE: Shape = (1, 2, 64)
+"""A call whose input costs nothing to read: its time is the fixed per-call cost."""
+FULL_SHAPES: tuple[Shape, ...] = (FIXED_COST_SHAPE, (1, 2, 32000), (8, 4, 32000), (32, 4, 32000),
+                                  (64, 5, 128256))
+QUICK_SHAPES: tuple[Shape, ...] = (FIXED_COST_SHAPE, (1, 2, 32000), (8, 4, 32000), (32, 4, 32000))
 SAMPLING_TEMPERATURE = 0.7
 DRAFT_CORRUPTION = 0.3  # share of drafts replaced by random ids, so rows reject at varied places
 

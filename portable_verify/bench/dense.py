@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from portable_verify.core import arguments
 from portable_verify.core.types import (
     DEFAULT_TYPICAL_ALPHA,
     DEFAULT_TYPICAL_EPS,
@@ -25,14 +26,10 @@ DENSE_METHODS = ("greedy", "rejection", "typical")
 
 def _temperatures(temperature: float | torch.Tensor | None, method: str, b: int,
                   device: torch.device) -> torch.Tensor:
-    """float32 ``[B]``; 0 marks a greedy row."""
+    """float32 ``[B]``; 0 marks a greedy row (the front door's normaliser, unchecked)."""
     if method == "greedy":
         return torch.zeros(b, device=device)
-    if temperature is None:
-        return torch.ones(b, device=device)
-    if isinstance(temperature, torch.Tensor):
-        return temperature.to(device=device, dtype=torch.float32).reshape(b)
-    return torch.full((b,), float(temperature), device=device)
+    return arguments.temperatures(temperature, b, device, validate=False)[0]
 
 
 def _exponential_race(weights: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -35,9 +35,26 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+SIMD_FLAGS = ("avx2", "avx512f", "avx512bw", "avx512_bf16", "amx_tile", "neon", "sve")
+
+
+def cpu_flags() -> list[str]:
+    """The vector-instruction flags of this CPU that decide float32 throughput."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    present = set(line.split(":", 1)[1].split())
+                    return [flag for flag in SIMD_FLAGS if flag in present]
+    except OSError:
+        pass
+    return []
+
+
 def machine() -> dict[str, Any]:
     return {
         "cpu": cpu_model(),
+        "cpu_flags": cpu_flags(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),

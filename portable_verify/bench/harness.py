@@ -42,6 +42,8 @@ class Timing:
     cpu_median_s: float
     repetitions: int
     calls_per_repetition: int
+    cpu_min_s: float = 0.0
+    cpu_max_s: float = 0.0
 
 
 def _time_block(fn: Callable[[], object], number: int,
@@ -88,6 +90,6 @@ def measure(
             cpu[name].append(c)
     return {
         name: Timing(statistics.median(s), min(s), max(s), statistics.median(cpu[name]),
-                     len(s), numbers[name])
+                     len(s), numbers[name], min(cpu[name]), max(cpu[name]))
         for name, s in wall.items()
     }

@@ -7,9 +7,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-TIME_KEYS = ("verify", "dense", "floor", "argmax", "hf", "verify_validated")
-RATIO_KEYS = ("speedup_vs_dense", "x_floor", "speedup_vs_argmax", "speedup_vs_hf",
-              "validation_overhead")
+TIME_KEYS = ("verify", "dense", "floor", "argmax", "hf", "vllm_v0_typical", "verify_validated",
+             "verify_validated_full")
+RATIO_KEYS = ("speedup_vs_dense", "x_floor", "x_argmax", "speedup_vs_argmax", "speedup_vs_hf",
+              "speedup_vs_vllm_typical", "validation_overhead", "validation_full_overhead")
 
 
 def write_json(path: str | Path, meta: dict[str, Any], cells: list[dict[str, Any]]) -> None:
@@ -27,6 +28,7 @@ def flat_row(cell: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
                                for t in cell["targets"])
     row["threads"] = meta["threads"]
     row["cpu"] = meta["machine"]["cpu"]
+    row["cpu_flags"] = " ".join(meta["machine"].get("cpu_flags", []))
     row["versions"] = " ".join(f"{k}={v}" for k, v in meta["versions"].items() if v)
     return row
 
@@ -52,25 +54,32 @@ def _fmt(x: float | None, spec: str) -> str:
 def write_markdown(path: str | Path, meta: dict[str, Any], cells: list[dict[str, Any]]) -> None:
     """The cells as a Markdown table of ratios (what docs/benchmarks.md quotes)."""
     other = "CPU" if meta["clock"] == "wall" else "wall"
+    flags = ", ".join(meta["machine"].get("cpu_flags", [])) or "no SIMD flags read"
     lines = [
-        f"`{meta['command']}` on {meta['machine']['cpu']}, {meta['threads']} thread(s), "
-        f"torch {meta['versions']['torch']}, {meta['timestamp']}; medians of "
+        f"`{meta['command']}` on {meta['machine']['cpu']} ({flags}), {meta['threads']} "
+        f"thread(s), torch {meta['versions']['torch']}, {meta['timestamp']}; medians of "
         f"{meta['repetitions']} interleaved repetitions, {meta['clock']} clock.",
         "",
-        "| backend | dtype | B,K,V | variant | ours ms | x faster than dense | x floor "
-        "| x faster than argmax | x faster than HF | validation cost | targets "
+        "| backend | dtype | B,K,V | variant | ours ms | spread ms | x faster than dense "
+        "| x floor | x argmax | x faster than HF | x faster than vLLM v0 typical "
+        "| validation cost | full validation cost | targets "
         f"| {other} clock: x dense, x floor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         t, r, o = c["times_ms"], c["ratios"], c["other_clock_times_ms"]
         marks = "; ".join(f"{'met' if x['met'] else '**missed**'} ({x['op']}{x['threshold']:g})"
                           for x in c["targets"]) or "-"
+        spread = c.get("spread_ms", {})
         lines.append(
             f"| {c['device']}/{c['backend']} | {c['dtype']} | {c['B']},{c['K']},{c['V']} "
-            f"| {c['variant']} | {_fmt(t['verify'], '.3f')} | {_fmt(r['speedup_vs_dense'], '.1f')} "
-            f"| {_fmt(r['x_floor'], '.2f')} | {_fmt(r['speedup_vs_argmax'], '.2f')} "
-            f"| {_fmt(r['speedup_vs_hf'], '.2f')} | {_fmt(r['validation_overhead'], '.2f')} "
+            f"| {c['variant']} | {_fmt(t['verify'], '.3f')} "
+            f"| {_fmt(spread.get('min'), '.3f')}-{_fmt(spread.get('max'), '.3f')} "
+            f"| {_fmt(r['speedup_vs_dense'], '.1f')} | {_fmt(r['x_floor'], '.2f')} "
+            f"| {_fmt(r.get('x_argmax'), '.2f')} | {_fmt(r['speedup_vs_hf'], '.2f')} "
+            f"| {_fmt(r.get('speedup_vs_vllm_typical'), '.2f')} "
+            f"| {_fmt(r['validation_overhead'], '.2f')} "
+            f"| {_fmt(r.get('validation_full_overhead'), '.2f')} "
             f"| {marks} | {o['dense'] / o['verify']:.1f}, {o['verify'] / o['floor']:.2f} |"
         )
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -85,7 +94,8 @@ def render_table(cells: list[dict[str, Any]], meta: dict[str, Any]) -> Any:
              f"({meta['clock']} clock, ms per call)")
     table = Table(title=title, title_justify="left")
     for col in ("device/backend", "dtype", "B,K,V", "variant", "ours", "dense", "floor",
-                "vs dense", "x floor", "vs argmax", "vs HF", "targets"):
+                "vs dense", "x floor", "x argmax", "vs HF", "vs vLLM typ", "valid.", "full v.",
+                "targets"):
         table.add_column(col, justify="right" if col not in ("variant", "targets") else "left")
     for c in cells:
         t, r = c["times_ms"], c["ratios"]
@@ -94,8 +104,10 @@ def render_table(cells: list[dict[str, Any]], meta: dict[str, Any]) -> Any:
             f"{c['device']}/{c['backend']}", c["dtype"], f"{c['B']},{c['K']},{c['V']}",
             c["variant"], _fmt(t["verify"], ".3f"), _fmt(t["dense"], ".2f"),
             _fmt(t["floor"], ".3f"), _fmt(r["speedup_vs_dense"], ".1f") + "x",
-            _fmt(r["x_floor"], ".2f"), _fmt(r["speedup_vs_argmax"], ".2f"),
-            _fmt(r["speedup_vs_hf"], ".1f"), marks,
+            _fmt(r["x_floor"], ".2f"), _fmt(r.get("x_argmax"), ".2f"),
+            _fmt(r["speedup_vs_hf"], ".1f"), _fmt(r.get("speedup_vs_vllm_typical"), ".2f"),
+            _fmt(r["validation_overhead"], ".2f"), _fmt(r.get("validation_full_overhead"), ".2f"),
+            marks,
         )
     return table
 

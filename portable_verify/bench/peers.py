@@ -1,13 +1,14 @@
-"""Peer implementations timed beside ours, where they are installed.
+"""Peer implementations timed beside ours: installed ones, and one rebuilt from its algorithm.
 
-Only Hugging Face transformers' ``_speculative_sampling`` is importable here (vLLM, FlashInfer
-and SGLang need CUDA builds). It is a private, batch-1 function: it takes the draft's *logits*
-``[1, K, V]`` and the target's processed logits ``[1, K+1, V]``, softmaxes both, and syncs with
-the host to branch on the number of matches. We feed it what its interface needs:
-``log(draft_probs)`` / ``log(target_probs)`` for probability inputs (softmax of a log is the
-distribution itself; the logs are taken outside the timed call), and ``target_logits / T`` plus
-a one-hot draft (as ``log``) for logit inputs (the division is inside the timed call, as it is
-in our call).
+Of the installed peers only Hugging Face transformers' ``_speculative_sampling`` is importable
+here (vLLM, FlashInfer and SGLang need CUDA builds). It is a private, batch-1 function: it
+takes the draft's *logits* ``[1, K, V]`` and the target's processed logits ``[1, K+1, V]``,
+softmaxes both, and syncs with the host to branch on the number of matches. We feed it what
+its interface needs: ``log(draft_probs)`` / ``log(target_probs)`` for probability inputs
+(softmax of a log is the distribution itself; the logs are taken outside the timed call), and
+``target_logits / T`` plus a one-hot draft (as ``log``) for logit inputs (the division is
+inside the timed call, as it is in our call). vLLM v0's typical-acceptance sampler is rebuilt
+from its published algorithm (:func:`vllm_v0_typical_callable`).
 """
 
 from __future__ import annotations
@@ -60,5 +61,45 @@ def hf_callable(inputs: CaseInputs, variant: Variant) -> Callable[[], object] | 
     def call() -> object:
         new_logits = target_logits if temperature is None else target_logits / temperature
         return _speculative_sampling(drafts, draft_logits, k, new_logits)
+
+    return call
+
+
+def vllm_v0_typical_callable(inputs: CaseInputs, variant: Variant, eps: float,
+                             alpha: float) -> Callable[[], object] | None:
+    """vLLM v0's typical-acceptance sampler, rebuilt from its published algorithm (vLLM needs
+    a CUDA build here), or None where it does not apply.
+
+    Why this contender: it is the typical sampler serving users ran, so typical acceptance is
+    compared with practice, not only with the dense textbook baseline. The engine's sampler
+    handed it softmax probabilities of every row, so the timed call starts with the softmax
+    of ``logits / T`` (our call starts from the same logits). It computes
+    ``-(p * log(p + 1e-5)).sum(-1)`` over every draft row, the threshold
+    ``min(eps, alpha * exp(-H))``, ``p(x)`` and the recovered ``argmax(p)`` at every draft
+    position, and no residual rows; the bonus token is the engine's own draw, made beforehand
+    (outside the timing), which favours the contender.
+    """
+    if variant.method != "typical":
+        return None
+    drafts = inputs.drafts
+    b, k = drafts.shape
+    v = inputs.target.shape[-1]
+    bonus = torch.randint(0, v, (b, 1), generator=torch.Generator().manual_seed(0))
+    bonus = bonus.to(drafts.device)
+    temperature = variant.temperature if variant.inputs == "logits" else None
+    target = inputs.target
+    column = torch.arange(k + 1, device=drafts.device)
+
+    def call() -> object:
+        scaled = target if temperature is None else target / temperature
+        probs = torch.softmax(scaled.float(), dim=-1)[:, :k]
+        px = probs.gather(-1, drafts.unsqueeze(-1)).squeeze(-1)
+        entropy = -(probs * torch.log(probs + 1e-5)).sum(dim=-1)
+        threshold = torch.minimum(torch.full_like(entropy, eps), alpha * torch.exp(-entropy))
+        accepted = torch.cumprod((px > threshold).to(torch.int64), dim=1).sum(dim=1, keepdim=True)
+        recovered = probs.argmax(dim=-1)
+        final = torch.cat([recovered, bonus], dim=1).gather(1, accepted)
+        out = torch.where(column < accepted, torch.cat([drafts, bonus], dim=1), final)
+        return out.masked_fill_(column > accepted, -1)
 
     return call

@@ -2,8 +2,9 @@
 
 One *measurement* is one (device, dtype, shape, variant); inside it every contender is timed
 interleaved (see :mod:`portable_verify.bench.harness`): each requested backend, the dense
-baseline, the memory-read floor, a plain ``torch.argmax`` (greedy), HF's verifier (batch 1,
-rejection) and, optionally, our verifier with validation on. One result row ("cell") is then
+baseline, the memory-read floor, a plain ``torch.argmax`` over the target, HF's verifier (batch
+1, rejection), vLLM v0's typical sampler (typical) and, optionally, our verifier with validation
+on (``validate=True``; with ``"full"`` also ``validate="full"``). One result row ("cell") is then
 reported per backend, with the ratios the issue asks for.
 """
 
@@ -22,6 +23,7 @@ from portable_verify.bench import environment, floor, peers, targets
 from portable_verify.bench.cases import VARIANTS, CaseInputs, Shape, Variant, make_inputs
 from portable_verify.bench.dense import dense_verify
 from portable_verify.bench.harness import Timing, measure
+from portable_verify.core.types import DEFAULT_TYPICAL
 from portable_verify.dispatch import select_backend
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -37,7 +39,7 @@ class BenchConfig:
     repetitions: int = 7
     warmup: int = 1
     min_block_s: float = 0.02
-    validation: bool = False
+    validation: bool | str = False  # False, True (validate=True) or "full" (both levels)
     threads: int = 1
     clock: str = "wall"  # "wall" or "cpu" (thread CPU time; one-thread CPU runs only)
 
@@ -67,14 +69,17 @@ def resolve_backends(requested: list[str], device: torch.device) -> list[str]:
     """Backend names to time on ``device`` (``auto`` becomes the backend it selects)."""
     names: list[str] = []
     for name in requested:
-        chosen = select_backend(name, device.type).name if name == "auto" else name
+        chosen = select_backend(name, device.type).qualified_name if name == "auto" else name
         if chosen not in names:
             names.append(chosen)
     return names
 
 
+VALIDATION_CONTENDERS = {"validate": True, "validate_full": "full"}
+
+
 def _contenders(m: Measurement, inputs: CaseInputs, backends: list[str],
-                validation: bool) -> tuple[dict[str, Callable[[], object]], dict[str, Any]]:
+                validation: bool | str) -> tuple[dict[str, Callable[[], object]], dict[str, Any]]:
     kw = inputs.verify_kwargs(m.variant)
     contenders: dict[str, Callable[[], object]] = {}
     for name in backends:
@@ -82,23 +87,34 @@ def _contenders(m: Measurement, inputs: CaseInputs, backends: list[str],
             lambda name=name: pv.verify(inputs.drafts, seed=inputs.seeds, backend=name,
                                         validate=False, **kw)
         )
-    if validation:
-        first = backends[0]
-        contenders["validate"] = lambda: pv.verify(inputs.drafts, seed=inputs.seeds,
-                                                   backend=first, validate=True, **kw)
+    levels = {"validate"} if validation is True else set(VALIDATION_CONTENDERS)
+    for key in sorted(levels) if validation else ():
+        contenders[key] = (
+            lambda level=VALIDATION_CONTENDERS[key]: pv.verify(
+                inputs.drafts, seed=inputs.seeds, backend=backends[0], validate=level, **kw)
+        )
     contenders["dense"] = lambda: dense_verify(inputs.drafts, **kw)
     parts = floor.must_read(inputs, m.variant)
     floor_impl, contenders["floor"] = floor.floor_callable(parts)
-    if m.variant.method == "greedy":
-        contenders["argmax"] = lambda: torch.argmax(inputs.target, dim=-1)
+    contenders["argmax"] = lambda: torch.argmax(inputs.target, dim=-1)
     hf = peers.hf_callable(inputs, m.variant) if peers.hf_status().available else None
     if hf is not None:
         contenders["hf"] = hf
+    vllm = peers.vllm_v0_typical_callable(inputs, m.variant, DEFAULT_TYPICAL.eps,
+                                          DEFAULT_TYPICAL.alpha)
+    if vllm is not None:
+        contenders["vllm_v0_typical"] = vllm
     return contenders, {"floor_impl": floor_impl, "floor_bytes": floor.num_bytes(parts)}
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
     return None if num is None or den is None or den <= 0 else num / den
+
+
+def _spread(t: Timing, clock: str) -> dict[str, float]:
+    """Fastest and slowest repetition of a contender on the reported clock (ms per call)."""
+    low, high = (t.cpu_min_s, t.cpu_max_s) if clock == "cpu" else (t.min_s, t.max_s)
+    return {"min": low * 1e3, "max": high * 1e3}
 
 
 def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
@@ -118,13 +134,17 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
             "times_ms": {
                 "verify": t, "dense": ms["dense"], "floor": ms["floor"],
                 "argmax": ms.get("argmax"), "hf": ms.get("hf"),
+                "vllm_v0_typical": ms.get("vllm_v0_typical"),
                 "verify_validated": ms.get("validate") if name == backends[0] else None,
+                "verify_validated_full": (ms.get("validate_full") if name == backends[0]
+                                          else None),
             },
             "clock": clock,
             "other_clock_times_ms": {"verify": other[f"verify:{name}"], "dense": other["dense"],
                                      "floor": other["floor"]},
             "wall_spread_ms": {"min": timings[f"verify:{name}"].min_s * 1e3,
                                "max": timings[f"verify:{name}"].max_s * 1e3},
+            "spread_ms": _spread(timings[f"verify:{name}"], clock),
             "repetitions": timings[f"verify:{name}"].repetitions,
             "floor_impl": info["floor_impl"],
             "floor_bytes": info["floor_bytes"],
@@ -133,9 +153,13 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
         cell["ratios"] = {
             "speedup_vs_dense": _ratio(ms["dense"], t),
             "x_floor": _ratio(t, ms["floor"]),
-            "speedup_vs_argmax": _ratio(ms.get("argmax"), t),
+            "x_argmax": _ratio(t, ms["argmax"]),
+            "speedup_vs_argmax": (_ratio(ms["argmax"], t) if m.variant.method == "greedy"
+                                  else None),
             "speedup_vs_hf": _ratio(ms.get("hf"), t),
+            "speedup_vs_vllm_typical": _ratio(ms.get("vllm_v0_typical"), t),
             "validation_overhead": _ratio(cell["times_ms"]["verify_validated"], t),
+            "validation_full_overhead": _ratio(cell["times_ms"]["verify_validated_full"], t),
         }
         cell["targets"] = targets.evaluate(cell)
         cells.append(cell)

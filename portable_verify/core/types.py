@@ -68,6 +68,9 @@ class VerifyInputs:
     sampled_method: Literal["rejection", "typical"]
     uniforms: Any | None  # float32 [B, K+1] in (0, 1]; None when all_greedy
     typical: TypicalParams = DEFAULT_TYPICAL
+    # The default level of validation rides on the backend's own passes (docs/semantics.md,
+    # Validation): set for backends whose ``checks_what_it_reads`` is True.
+    check_read_values: bool = False
 
     @property
     def typical_eps(self) -> float:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 PROB_SUM_ATOL = 1e-3
@@ -49,22 +50,26 @@ class ValueChecks:
         self._flags: list[torch.Tensor] = []
         self._messages: list[Callable[[], str]] = []
 
-    def add(self, failed: torch.Tensor, message: Callable[[], str]) -> None:
-        """``failed``: a 0-dim bool tensor, True when the check fails; message built on failure."""
+    def add(self, failed: torch.Tensor | np.ndarray, message: Callable[[], str]) -> None:
+        """``failed``: a 0-dim bool tensor (or numpy bool, for host arrays), True when the check
+        fails; message built on failure."""
         self._flags.append(failed.reshape(()))
         self._messages.append(message)
 
     def raise_first(self) -> None:
         if not self._flags:
             return
-        failed = torch.stack([f.to(self._flags[0].device) for f in self._flags]).tolist()
+        if not isinstance(self._flags[0], torch.Tensor):  # host arrays: no transfer at all
+            failed = [bool(f) for f in self._flags]
+        else:
+            failed = torch.stack([f.to(self._flags[0].device) for f in self._flags]).tolist()
         for bad, message in zip(failed, self._messages, strict=True):
             if bad:
                 raise ValueError(message())
 
 
-def _first_bad(mask: torch.Tensor) -> str:
-    idx = tuple(int(i) for i in torch.nonzero(mask)[0].tolist())
+def _first_bad(mask: torch.Tensor | np.ndarray) -> str:
+    idx = tuple(int(i) for i in torch.nonzero(torch.as_tensor(mask))[0].tolist())
     return f"first at index {idx}"
 
 
@@ -76,7 +81,8 @@ def check_ids(
     checks.add(
         bad.any(),
         lambda: f"{name} has ids outside [0, {vocab}) at positions that are read "
-        f"({_first_bad(bad)}, value {int(ids[tuple(torch.nonzero(bad)[0].tolist())])})",
+        f"({_first_bad(bad)}, value "
+        f"{int(ids[tuple(torch.nonzero(torch.as_tensor(bad))[0].tolist())])})",
     )
 
 

@@ -83,6 +83,8 @@ class BadCase:
 _nan, _inf = float("nan"), float("inf")
 _logits = _with(valid_call)
 _probs = probs_call
+# Request 0 rejects its first draft for sure (p(x) = 0), so its draft row 0 is read in full.
+_rejects = _with(_logits, target_logits=_set("target_logits", (0, 0, 1), -_inf))
 
 BAD_CASES: tuple[BadCase, ...] = (
     # ranks and sizes
@@ -145,13 +147,13 @@ BAD_CASES: tuple[BadCase, ...] = (
             "target_probs", ValueError),
     BadCase("probs inf", _with(_probs, target_probs=_set("target_probs", (0, 2, 0), _inf)),
             "target_probs", ValueError),
-    BadCase("probs negative", _with(_probs, target_probs=_set("target_probs", (0, 1, 0), -0.1)),
+    BadCase("probs negative", _with(_probs, target_probs=_set("target_probs", (2, 0, 0), -0.1)),
             "target_probs", ValueError),
     BadCase("probs sum 0.99", _with(_probs, target_probs=lambda c: c["target_probs"] * 0.99),
             "target_probs", ValueError),
-    BadCase("draft_probs sum 1.01", _with(_logits, draft_probs=lambda c: c["draft_probs"] * 1.01),
+    BadCase("draft_probs sum 1.01", _with(_rejects, draft_probs=lambda c: c["draft_probs"] * 1.01),
             "draft_probs", ValueError),
-    BadCase("draft_probs NaN", _with(_logits, draft_probs=_set("draft_probs", (0, 1, 3), _nan)),
+    BadCase("draft_probs NaN", _with(_rejects, draft_probs=_set("draft_probs", (0, 0, 3), _nan)),
             "draft_probs", ValueError),
     BadCase("logits NaN", _with(_logits, target_logits=_set("target_logits", (2, 0, 1), _nan)),
             "target_logits", ValueError),
@@ -200,6 +202,27 @@ BAD_CASES: tuple[BadCase, ...] = (
     BadCase("uniforms on another device", _with(_logits, uniforms=torch.full(
         (B, K + 1), 0.5, device="meta")), "uniforms", ValueError),
 )
+
+
+FULL_ONLY_CASES: tuple[BadCase, ...] = (
+    BadCase("probs negative, read only at p(x)",
+            _with(_probs, target_probs=_set("target_probs", (0, 1, 0), -0.1)), "target_probs",
+            ValueError),
+    BadCase("probs sum 0.99 in a greedy row",
+            _with(_probs, target_probs=lambda c: c["target_probs"] * 0.99, temperature=0.0),
+            "target_probs", ValueError),
+    BadCase("logits NaN after the first rejection",
+            _with(_rejects, target_logits=_set("target_logits", (0, 2, 4), _nan)),
+            "target_logits", ValueError),
+    BadCase("draft_probs sum 1.01, nothing rejected",
+            _with(_logits, draft_probs=lambda c: c["draft_probs"] * 1.01, temperature=0.0),
+            "draft_probs", ValueError),
+    BadCase("draft_probs NaN in an unread row",
+            _with(_rejects, draft_probs=_set("draft_probs", (0, 1, 3), _nan)), "draft_probs",
+            ValueError),
+)
+"""Bad values the default level does not read (docs/semantics.md, Validation levels): only
+``validate="full"`` must refuse them."""
 
 
 ACCEPTED: tuple[tuple[str, Callable[[], Call]], ...] = (

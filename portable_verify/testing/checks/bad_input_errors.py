@@ -14,7 +14,13 @@ import numpy as np
 import torch
 
 import portable_verify as pv
-from portable_verify.testing.cases.bad_inputs import ACCEPTED, BAD_CASES, probs_call, valid_call
+from portable_verify.testing.cases.bad_inputs import (
+    ACCEPTED,
+    BAD_CASES,
+    FULL_ONLY_CASES,
+    probs_call,
+    valid_call,
+)
 from portable_verify.testing.checks.reference_comparison import check_shapes
 from portable_verify.testing.kit import CheckResult, check, summarize
 
@@ -46,6 +52,11 @@ def raises(backend: str, quick: bool) -> CheckResult:
         problem = expect_error(case.build(), backend, case.argument, case.error)
         if problem:
             failures.append(f"{case.label}: {problem}")
+    for case in FULL_ONLY_CASES:  # values the default level does not read
+        problem = expect_error({**case.build(), "validate": "full"}, backend, case.argument,
+                               case.error)
+        if problem:
+            failures.append(f"{case.label} (validate='full'): {problem}")
     for label, build in ACCEPTED:
         try:
             pv.verify(**{"backend": backend, **build()})
