@@ -186,7 +186,7 @@ def select_backend(requested: str, device_type: str) -> Backend:
     return get_backend(_canonical(requested, device_type))
 
 
-def _numpy_inputs(inputs: VerifyInputs) -> VerifyInputs:
+def numpy_inputs(inputs: VerifyInputs) -> VerifyInputs:
     """The same inputs as host numpy arrays (floats upcast to float32)."""
     changes: dict[str, Any] = {}
     for f in fields(inputs):
@@ -211,7 +211,7 @@ def run(requested: str | Backend, inputs: VerifyInputs) -> tuple[torch.Tensor, t
             f"the inputs are on {device}"
         )
     if backend.array_kind == "numpy":
-        tokens, accepted = backend.run(_numpy_inputs(inputs))
+        tokens, accepted = backend.run(numpy_inputs(inputs))
         tokens, accepted = torch.from_numpy(np.asarray(tokens)), torch.from_numpy(
             np.asarray(accepted))
     else:

@@ -503,8 +503,9 @@ class _BrokenReference(Backend):
 
     def run(self, inputs: Any) -> tuple[Any, Any]:
         from portable_verify.backends.numpy_ref import verify_reference
+        from portable_verify.dispatch import numpy_inputs
 
-        tokens, accepted = verify_reference(inputs.numpy())
+        tokens, accepted = verify_reference(numpy_inputs(inputs))
         if self.bug == "zero_token" and tokens.size:
             rows = np.arange(tokens.shape[0])
             tokens[rows, accepted] = 0  # the final token is always token 0

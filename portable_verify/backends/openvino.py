@@ -191,7 +191,7 @@ def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:
     The padding (one draft position no row uses, n stays 0) keeps zero-sized dimensions out of
     the graph; the uniforms keep their draw column last.
     """
-    check_layout(inputs)
+    inputs.check_layout()
     drafts = inputs.draft_token_ids
     rows = inputs.target_rows
     u = inputs.uniforms
@@ -219,29 +219,3 @@ def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:
     return arrays
 
 
-def check_layout(inputs: VerifyInputs) -> None:
-    """Shapes the graphs rely on, checked on the host (free: no values are read).
-
-    The front door guarantees them when it validates; with ``validate=False`` a mismatch would
-    otherwise surface as a plugin error inside the inference.
-    """
-    b, k = inputs.batch_size, inputs.num_positions
-    expected = {
-        "num_draft_tokens": (inputs.num_draft_tokens, (b,)),
-        "temperature": (inputs.temperature, (b,)),
-        "target_rows": (inputs.target_rows, (b, k + 1)),
-        "uniforms": (inputs.uniforms, (b, k + 1)),
-        "draft_rows": (inputs.draft_rows, (b, k)),
-    }
-    for name, (array, shape) in expected.items():
-        if array is not None and tuple(array.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(array.shape)}")
-    if b > 0 and inputs.target.shape[0] == 0:
-        raise ValueError("the target has no rows for its B > 0 requests")
-    if inputs.draft_probs is not None and b * k > 0 and inputs.draft_probs.shape[0] == 0:
-        raise ValueError("draft_probs has no rows for the drafts of its B > 0 requests")
-    if inputs.draft_probs is not None and inputs.draft_probs.shape[-1] != inputs.vocab_size:
-        raise ValueError(
-            f"draft_probs must have V = {inputs.vocab_size} columns, got "
-            f"{inputs.draft_probs.shape[-1]}"
-        )

@@ -317,7 +317,7 @@ def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """
     interpreted_kernels = _INTERPRET or KERNELS_INTERPRETED
     mod = sys.modules[__name__]
-    check_layout(inputs)
+    inputs.check_layout()
     drafts = inputs.draft_token_ids
     b, k = drafts.shape
     device = drafts.device
@@ -364,32 +364,6 @@ def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
         **({} if interpreted_kernels else {"num_warps": 4, **_COMPILE_OPTIONS}),
     )  # fmt: skip
     return tokens, accepted
-
-
-def check_layout(inputs: VerifyInputs) -> None:
-    """Shapes the kernels index by, checked on the host (free: no values are read, no sync).
-
-    The front door guarantees them when it validates; with ``validate=False`` a mismatch would
-    otherwise be an out-of-bounds read (an illegal memory access on a GPU).
-    """
-    b, k = inputs.batch_size, inputs.num_positions
-    expected = {
-        "num_draft_tokens": (inputs.num_draft_tokens, (b,)),
-        "temperature": (inputs.temperature, (b,)),
-        "target_rows": (inputs.target_rows, (b, k + 1)),
-        "uniforms": (inputs.uniforms, (b, k + 1)),
-        "draft_rows": (inputs.draft_rows, (b, k)),
-    }
-    for name, (tensor, shape) in expected.items():
-        if tensor is not None and tuple(tensor.shape) != shape:
-            raise ValueError(f"{name} must have shape {shape}, got {tuple(tensor.shape)}")
-    if b > 0 and inputs.target.shape[0] == 0:
-        raise ValueError("the target has no rows for its B > 0 requests")
-    if inputs.draft_probs is not None and b * k > 0 and inputs.draft_probs.shape[0] == 0:
-        raise ValueError("draft_probs has no rows for the drafts of its B > 0 requests")
-    if inputs.draft_probs is not None and inputs.draft_probs.shape[-1] != inputs.vocab_size:
-        raise ValueError(f"draft_probs must have V = {inputs.vocab_size} columns, got "
-                         f"{inputs.draft_probs.shape[-1]}")
 
 
 def _rows_contiguous(x: torch.Tensor, interpreted_kernels: bool) -> torch.Tensor:

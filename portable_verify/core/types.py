@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Any, Literal
-
-import torch
 
 from portable_verify.core.metrics import compute_metrics
 
@@ -93,17 +91,31 @@ class VerifyInputs:
     def vocab_size(self) -> int:
         return int(self.target.shape[-1])
 
-    def numpy(self) -> VerifyInputs:
-        """The same inputs as numpy arrays on the host (floats upcast to float32)."""
-        changes: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
-                value = value.detach().cpu()
-                if value.is_floating_point() and value.dtype != torch.float32:
-                    value = value.float()
-                changes[f.name] = value.numpy()
-        return replace(self, **changes)
+    def check_layout(self) -> None:
+        """Shapes every backend indexes by, checked on the host (free: no values are read).
+
+        The front door guarantees them when it validates; with ``validate=False`` a mismatch
+        would otherwise be an out-of-bounds read inside a kernel or a compiled graph.
+        """
+        b, k = self.batch_size, self.num_positions
+        expected = {
+            "num_draft_tokens": (self.num_draft_tokens, (b,)),
+            "temperature": (self.temperature, (b,)),
+            "target_rows": (self.target_rows, (b, k + 1)),
+            "uniforms": (self.uniforms, (b, k + 1)),
+            "draft_rows": (self.draft_rows, (b, k)),
+        }
+        for name, (array, shape) in expected.items():
+            if array is not None and tuple(array.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {tuple(array.shape)}")
+        if b > 0 and self.target.shape[0] == 0:
+            raise ValueError("the target has no rows for its B > 0 requests")
+        q = self.draft_probs
+        if q is not None and b * k > 0 and q.shape[0] == 0:
+            raise ValueError("draft_probs has no rows for the drafts of its B > 0 requests")
+        if q is not None and q.shape[-1] != self.vocab_size:
+            raise ValueError(f"draft_probs must have V = {self.vocab_size} columns, got "
+                             f"{q.shape[-1]}")
 
 
 @dataclass(frozen=True)

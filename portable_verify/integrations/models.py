@@ -16,6 +16,8 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -104,19 +106,30 @@ def converted_default_dir() -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=_CONVERTED_NAME + ".", dir=target.parent))
-    try:
+    with staged_folder(target) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / _COMPLETE_MARKER).write_text(f"converted from {gguf.name}\n")
-        if target.exists():  # an interrupted earlier conversion
+    return target
+
+
+@contextmanager
+def staged_folder(target: Path) -> Iterator[Path]:
+    """A temporary folder beside ``target`` that replaces it only when the block completes.
+
+    Why: conversions take seconds to minutes; an interrupted one must never leave a folder
+    that a later run takes for a finished model.
+    """
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    try:
+        yield staging
+        if target.exists():  # an interrupted or outdated earlier conversion
             shutil.rmtree(target)
         os.replace(staging, target)
     finally:
         if staging.exists():
             shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def resolve(name: str) -> tuple[str, bool]:

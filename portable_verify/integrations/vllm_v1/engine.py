@@ -12,12 +12,12 @@ import gc
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from portable_verify.integrations.models import staged_folder
 from portable_verify.integrations.vllm_v1.plugin import ENV_VAR
 
 _DRAFT_MARKER = "draft.ok"
@@ -94,9 +94,7 @@ def layer_skip_draft_dir(target: Path, num_layers: int, cache: Path) -> Path:
     weights = load_file(str(target / "model.safetensors"))
     kept = {name: t for name, t in weights.items()
             if ".layers." not in name or int(name.split(".layers.")[1].split(".")[0]) < num_layers}
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    try:
+    with staged_folder(out) as staging:
         for item in target.iterdir():
             if item.is_file() and item.suffix != ".safetensors" and item.name != "converted.ok":
                 shutil.copy2(item, staging / item.name)
@@ -104,12 +102,6 @@ def layer_skip_draft_dir(target: Path, num_layers: int, cache: Path) -> Path:
         (staging / "config.json").write_text(json.dumps(config, indent=2))
         save_file(kept, str(staging / "model.safetensors"), metadata={"format": "pt"})
         (staging / _DRAFT_MARKER).write_text(f"first {num_layers} layers of {target.name}\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     return out
 
 

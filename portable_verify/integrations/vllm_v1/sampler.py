@@ -154,11 +154,7 @@ def make_rejection_sample(
         return out
 
     # Markers for the plugin (install once), tests and serve-check (was it really used?).
-    rejection_sample.portable_verify = True  # type: ignore[attr-defined]
-    rejection_sample.vllm_original = vllm_rejection_sample  # type: ignore[attr-defined]
-    rejection_sample.calls = 0  # type: ignore[attr-defined]
-    rejection_sample.seconds = 0.0  # type: ignore[attr-defined]
-    return rejection_sample
+    return _counted(rejection_sample, vllm_rejection_sample, portable_verify=True)
 
 
 def timed(vllm_rejection_sample: RejectionSampleFn) -> RejectionSampleFn:
@@ -175,8 +171,14 @@ def timed(vllm_rejection_sample: RejectionSampleFn) -> RejectionSampleFn:
         rejection_sample.seconds += time.perf_counter() - start  # type: ignore[attr-defined]
         return out
 
-    rejection_sample.timed = True  # type: ignore[attr-defined]
-    rejection_sample.vllm_original = vllm_rejection_sample  # type: ignore[attr-defined]
-    rejection_sample.calls = 0  # type: ignore[attr-defined]
-    rejection_sample.seconds = 0.0  # type: ignore[attr-defined]
-    return rejection_sample
+    return _counted(rejection_sample, vllm_rejection_sample, timed=True)
+
+
+def _counted(fn: Any, vllm_rejection_sample: RejectionSampleFn, **markers: bool) -> Any:
+    """``fn`` with zeroed call/time counters, the function it stands in for, and ``markers``."""
+    fn.vllm_original = vllm_rejection_sample
+    fn.calls = 0
+    fn.seconds = 0.0
+    for name, value in markers.items():
+        setattr(fn, name, value)
+    return fn
