@@ -281,12 +281,20 @@ def _verify(ops: ArrayOps, inputs: VerifyInputs) -> tuple[Array, Array]:
     return emit(ops, drafts, final, a), a
 
 
+def _row_map(ops: ArrayOps, rows: Any, num_rows: int) -> Array:
+    """A row map as the backend indexes it; on accelerators clamped into the tensor, because
+    there an index from garbage (``validate=False``) is a device-side assert that poisons the
+    process, where the host raises ``IndexError`` for that one call."""
+    rows = ops.array(rows)
+    return rows if ops.host else rows.clamp(0, max(num_rows - 1, 0))
+
+
 def _decide(ops: ArrayOps, inputs: VerifyInputs,
             checks: ReadChecks | None) -> tuple[Array, Array, Array]:
     """``(accepted, final token, drafts)`` per request."""
     drafts = ops.array(inputs.draft_token_ids)
     n = ops.array(inputs.num_draft_tokens)
-    rows = ops.array(inputs.target_rows)
+    rows = _row_map(ops, inputs.target_rows, inputs.target.shape[0])
     k = drafts.shape[1]
     v_size = inputs.vocab_size
     # An id outside the vocabulary (only with validate=False) has probability 0: never accepted.
@@ -565,7 +573,8 @@ def _sampled(ops: ArrayOps, inputs: VerifyInputs, x: Array, valid: Array, n: Arr
     else:
         accept = px > 0
         if inputs.draft_probs is not None:
-            qx = ops.values(inputs.draft_probs, ops.array(inputs.draft_rows), x)
+            q_map = _row_map(ops, inputs.draft_rows, inputs.draft_probs.shape[0])
+            qx = ops.values(inputs.draft_probs, q_map, x)
             accept &= u[:, :k] * qx <= px
         else:
             accept &= u[:, :k] <= px
@@ -589,7 +598,7 @@ def _sampled(ops: ArrayOps, inputs: VerifyInputs, x: Array, valid: Array, n: Arr
     row_a = ops.pick(rows, a)
     a_draft = ops.clip(a, high=max(k - 1, 0))
     x_a = ops.pick(x, a_draft) if k > 0 else a_draft
-    q_rows = (ops.pick(ops.array(inputs.draft_rows), a_draft)
+    q_rows = (ops.pick(_row_map(ops, inputs.draft_rows, inputs.draft_probs.shape[0]), a_draft)
               if inputs.draft_probs is not None and k > 0 else row_a)
     t_a = t if t is not None else u[:, k]  # (unused for probabilities)
     rejected = a < n
