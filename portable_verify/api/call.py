@@ -133,7 +133,7 @@ def decide(layout: CallLayout, options: CallOptions, return_numpy: bool) -> Veri
     backend = dispatch.select_backend(options.backend, device.type)
     # The default level rides on the passes of a backend that checks what it reads; "full"
     # (and any other backend) scans every row here first.
-    rides = options.validate is True and getattr(backend, "checks_what_it_reads", False)
+    rides = options.validate is True and backend.traits.checks_what_it_reads
     if options.validate:
         _check_values(layout, counts, temps, u if explicit_u is not None else None, bonus,
                       scan_rows=not rides)

@@ -34,11 +34,15 @@ class BackendTraits:
     ``statistical_sizes``: a call is fast enough for statistical sample sizes (thousands of
     requests per check).
     ``full_conformance_sizes``: the test suite runs the full (not the quick) conformance sizes.
+    ``checks_what_it_reads``: under ``validate=True`` it checks the values its decision reads
+    during its own passes (``VerifyInputs.check_read_values``), so the front door skips its
+    full-row scans.
     """
 
     is_reference: bool = False
     statistical_sizes: bool = True
     full_conformance_sizes: bool = True
+    checks_what_it_reads: bool = False
 
 
 class Backend(ABC):

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.backends.base import Availability, Backend
+from portable_verify.backends.base import Availability, Backend, BackendTraits
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
 from portable_verify.core.validation import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 
@@ -661,7 +661,7 @@ class TorchBackend(Backend):
     """Eager torch on the device the inputs live on (``torch:cpu``, ``torch:cuda``, ...)."""
 
     name = "torch"
-    checks_what_it_reads = True  # validate=True rides on its passes (ReadChecks)
+    traits = BackendTraits(checks_what_it_reads=True)  # validate=True rides on its passes
     description = "device-generic eager torch (numpy argmax fast path on CPU float32)"
     devices = ("cpu", "cuda", "xpu")
 

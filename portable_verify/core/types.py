@@ -67,7 +67,7 @@ class VerifyInputs:
     uniforms: Any | None  # float32 [B, K+1] in (0, 1]; None when all_greedy
     typical: TypicalParams = DEFAULT_TYPICAL
     # The default level of validation rides on the backend's own passes (docs/semantics.md,
-    # Validation): set for backends whose ``checks_what_it_reads`` is True.
+    # Validation): set for backends whose ``traits.checks_what_it_reads`` is True.
     check_read_values: bool = False
 
     @property
