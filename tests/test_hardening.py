@@ -1,4 +1,4 @@
-"""Regression tests for adversarial inputs (issue 12's findings), on every available backend.
+"""Regression tests for adversarial inputs found by trying the public API, on every backend.
 
 Each ``test_itemN_*`` pins one finding: silent wrong answers (temperature ignored or overflowing,
 unvalidated options), crashes and poisoning under ``validate=False`` (run in a child process, so

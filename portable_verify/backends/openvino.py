@@ -71,7 +71,7 @@ class OpenVINOBackend(Backend):
         self._availability: Availability | None = None
 
     def availability(self) -> Availability:
-        """Cached: dispatch asks on every call, and listing devices costs ~0.5 ms."""
+        """Cached: dispatch asks on every call, and listing devices is slow."""
         if self._availability is None:
             self._availability = self._check_availability()
         return self._availability
@@ -163,7 +163,7 @@ class OpenVINOBackend(Backend):
             # Every input is shared (zero-copy): copying into the request's own dynamic-shape
             # buffers measured ~3x slower (docs/backends.md), and mixing shared and copied
             # inputs on one request is a known CPU-plugin pitfall. Setting the tensors directly
-            # skips ~80 us of the Python `infer(dict)` dispatcher per call.
+            # skips the Python `infer(dict)` dispatcher's per-call cost (docs/backends.md).
             try:
                 for i, name in enumerate(input_names(variant)):
                     request.set_input_tensor(i, Tensor(arrays[name], shared_memory=True))

@@ -102,7 +102,7 @@ class ArrayOps:
         return np.concatenate(parts, axis) if self.host else torch.cat(parts, axis)
 
     def clip(self, x: Array, low: float | None = None, high: float | None = None) -> Array:
-        """``x`` clamped; on the host by ufuncs (``ndarray.clip`` costs ~5 us of Python)."""
+        """``x`` clamped; on the host by ufuncs (``ndarray.clip`` has a far larger fixed cost)."""
         if not self.host:
             return x.clamp(low, high)
         if low is not None:
@@ -348,8 +348,8 @@ def _scratch_buffers(count: int, rows: int, width: int,
     """``count`` float32 ``[rows, width]`` work buffers.
 
     On CPU they are kept per thread and reused across calls: a fresh multi-MiB buffer costs a
-    page fault per 4 KiB on first touch (~3.5 us each on this VM), which at B = 64, V = 128k
-    was as dear as the work itself. Per-thread buffers keep concurrent callers apart. Small
+    page fault per 4 KiB on first touch, which at B = 64, V = 128k was as dear as the work
+    itself (docs/benchmarks.md). Per-thread buffers keep concurrent callers apart. Small
     ones are fresh, and plain numpy arrays on the host path (the cheapest to make and fill).
     """
     need = rows * width
@@ -374,7 +374,7 @@ def per_row(ops: ArrayOps, fn: Callable[..., tuple[Array, ...]], *row_args: Arra
     ``row_args`` share their first dimension (the rows); each row stands for ``width`` float32
     values of work. Why tiles: each array op streams its whole input through memory, so a chain
     of full-size ops (load, max, subtract, exp, sum) costs several memory passes plus page
-    faults for the full-size temporaries (~3.5 us per 4 KiB page on this VM). On CPU the chain
+    faults for the full-size temporaries. On CPU the chain
     runs tile by tile (a loop over fixed-size memory blocks, not over requests), and ``scratch``
     float32 ``[tile rows, width]`` buffers (:func:`_scratch_buffers`) are handed to ``fn`` (as
     ``bufs``, sliced to the tile), so temporaries stay in cache and nothing large is allocated.

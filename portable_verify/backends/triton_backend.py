@@ -115,7 +115,7 @@ class TritonBackend(Backend):
 
     @property
     def traits(self) -> BackendTraits:  # type: ignore[override]
-        if self.device == INTERPRETER:  # ~30 ms per request: quick sizes, no statistics
+        if self.device == INTERPRETER:  # tens of ms per request: quick sizes, no statistics
             return BackendTraits(statistical_sizes=False, full_conformance_sizes=False)
         return BackendTraits()
 
