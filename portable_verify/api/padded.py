@@ -113,21 +113,17 @@ def _row_maps(b: int, k: int, counts: torch.Tensor | None, device: torch.device,
     Row ``j`` of request ``i`` is flat row ``i*(K+1) + min(j, n_i)``. On CPU the maps are built
     with numpy: a handful of ``[B, K]`` ops is most of a small call's fixed cost in torch.
     """
-    xp = np if device.type == "cpu" else torch
+    if counts is None:
+        counts = torch.full((b,), k, dtype=torch.int64, device=device)
     if device.type == "cpu":
-        n = np.full(b, k, dtype=np.int64) if counts is None else counts.numpy()
-        pos, request = np.arange(k + 1), np.arange(b)[:, None]
-    else:
-        n = torch.full((b,), k, dtype=torch.int64, device=device) if counts is None else counts
-        pos, request = (torch.arange(k + 1, device=device),
-                        torch.arange(b, device=device).unsqueeze(1))
-    at_least_0 = np.maximum(n, 0) if device.type == "cpu" else n.clamp(min=0)
-    rows = request * (k + 1) + xp.minimum(pos[None, :], at_least_0[:, None])
-    draft_rows = request * k + pos[None, :k] if with_draft_rows else None
-    if device.type != "cpu":
-        return n, rows, draft_rows
-    return (torch.from_numpy(n) if counts is None else counts, torch.from_numpy(rows),
-            None if draft_rows is None else torch.from_numpy(draft_rows))
+        n, pos, request = np.maximum(counts.numpy(), 0), np.arange(k + 1), np.arange(b)[:, None]
+        rows = request * (k + 1) + np.minimum(pos[None, :], n[:, None])
+        draft_rows = request * k + pos[None, :k] if with_draft_rows else None
+        return (counts, torch.from_numpy(rows),
+                None if draft_rows is None else torch.from_numpy(draft_rows))
+    pos, request = torch.arange(k + 1, device=device), torch.arange(b, device=device)[:, None]
+    rows = request * (k + 1) + torch.minimum(pos[None, :], counts.clamp(min=0)[:, None])
+    return counts, rows, request * k + pos[None, :k] if with_draft_rows else None
 
 
 def _check_structure(
