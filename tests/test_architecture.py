@@ -31,7 +31,7 @@ LAYERS: dict[str, int] = {
     "cli": 6,
 }
 
-BACKEND_FAMILIES = ("numpy_ref", "torch_eager", "openvino", "triton")
+BACKEND_FAMILIES = ("numpy_ref", "torch_eager", "openvino", "triton", "numba")
 """Module-name prefixes of the backends; a backend's modules may import each other and base."""
 
 

@@ -3,6 +3,8 @@ env override."""
 
 from __future__ import annotations
 
+import importlib.util
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +14,13 @@ from portable_verify import dispatch
 from portable_verify.backends.base import Availability, Backend
 
 LOGITS = torch.tensor([[[0.0, 5.0, 1.0], [9.0, 0.0, 0.0], [0.0, 0.0, 3.0]]])
+
+
+def test_auto_on_cpu_takes_the_compiled_backend_when_numba_is_installed(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(dispatch.ENV_BACKEND, raising=False)
+    want = "numba:cpu" if importlib.util.find_spec("numba") else "torch:cpu"
+    assert dispatch.select_backend("auto", "cpu").qualified_name == want
 
 
 def test_backends_are_named_by_implementation_and_device() -> None:
@@ -24,7 +33,7 @@ def test_backends_are_named_by_implementation_and_device() -> None:
 
 @pytest.mark.parametrize(("alias", "canonical"), [
     ("cpu", "torch:cpu"), ("torch", "torch:cpu"), ("triton", "triton:interpreter"),
-    ("openvino", "openvino:CPU"), ("auto", "torch:cpu"),
+    ("openvino", "openvino:CPU"), ("auto", "numba:cpu"), ("numba", "numba:cpu"),
 ])
 def test_old_and_bare_names_resolve_for_cpu_inputs(
     alias: str, canonical: str, monkeypatch: pytest.MonkeyPatch

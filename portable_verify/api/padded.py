@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from portable_verify.api import host_path
 from portable_verify.api.call import (
     CallLayout,
     CallOptions,
@@ -77,6 +78,12 @@ def verify(
     >>> pv.verify(torch.tensor([[1, 2]]), target_logits=logits, method="greedy").token_ids
     tensor([[1, 0, -1]])
     """
+    fast = host_path.try_verify(draft_token_ids, target_logits, target_probs, draft_probs,
+                                method, temperature, num_draft_tokens, seed, seed_offset,
+                                uniforms, typical_eps, typical_alpha, bonus_token_ids, backend,
+                                validate)
+    if fast is not None:
+        return fast
     options = CallOptions(method, temperature, seed, seed_offset, uniforms,
                           TypicalParams(typical_eps, typical_alpha), bonus_token_ids, backend,
                           validate)

@@ -9,6 +9,7 @@ them (selection, array conversion, fallbacks).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -43,6 +44,26 @@ class BackendTraits:
     statistical_sizes: bool = True
     full_conformance_sizes: bool = True
     checks_what_it_reads: bool = False
+
+
+@dataclass(frozen=True)
+class HostKernel:
+    """A backend's entry points for the lean CPU front door (``api/host_path.py``): host numpy
+    arrays in, ``(token_ids, num_accepted, num_emitted, num_draft_tokens, ok)`` out, where
+    ``ok`` is False when a checked value is invalid (the full front door then words it).
+
+    ``decide(target, is_logits, drafts, **options)`` takes every form; ``greedy(target,
+    is_logits, drafts, counts, bonus, check)`` is the all-greedy call with fewer arguments.
+    """
+
+    decide: Callable[..., Any]
+    greedy: Callable[..., Any]
+
+
+class ReadValueError(ValueError):
+    """A backend found an invalid value its decision reads but cannot word the error (a
+    compiled kernel returns a flag, not a message): dispatch reruns the call on the torch
+    backend of the same device, whose checks say what and where."""
 
 
 class Backend(ABC):
@@ -87,6 +108,12 @@ class Backend(ABC):
 
         ``inputs`` holds torch tensors for ``array_kind == "torch"`` and numpy arrays otherwise.
         """
+
+    def host_kernel(self) -> HostKernel | None:
+        """A function that decides straight from host numpy arrays, for the lean CPU front
+        door (``api/host_path.py``), or None: only backends with a compiled host kernel have
+        one."""
+        return None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.qualified_name!r}>"

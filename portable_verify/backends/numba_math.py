@@ -1,0 +1,208 @@
+"""Vectorizable float32 row primitives for numba host kernels: max, exp-and-sum, entropy terms.
+
+Why this exists: the llvmlite wheels are built without Intel SVML, so ``math.exp`` / ``np.exp``
+inside a numba loop is a scalar libm call (~5 ns per element), and a float ``if x > m`` max
+reduction does not vectorize without no-NaN fast-math (which would also delete the NaN checks
+the verifier relies on). These functions are written so that LLVM auto-vectorizes them
+(AVX2/AVX-512): the maximum is an integer reduction over order-preserving keys of the float
+bits, and ``exp`` is a branch-free range reduction plus polynomial in float32 (16 lanes per
+AVX-512 vector; ``exp_sum`` ~1.7x faster than the float64 version it replaced).
+``y = (x - m) / t`` is numpy's float32 arithmetic; over all float32 ``y`` in [-110, 0],
+``exp(y)`` is within 1 ulp of the correctly rounded float32 (0.5% of inputs are 1 ulp off),
+subnormals, ``-inf -> 0`` and NaN included, and is 0 exactly where the correctly rounded value
+is. (numpy's own SIMD float32 ``np.exp`` is up to 2.52 ulp off; the two differ by <= 3 ulp.)
+
+Only the fast-math flags ``reassoc`` and ``contract`` are used (never ``nnan``/``ninf``, which
+would optimise the NaN handling away, nor ``arcp``, which would turn ``/ t`` into ``* (1 / t)``).
+Callable from other ``@njit`` code; call them on contiguous 1-D float32 rows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.extending import intrinsic
+
+__all__ = ["exp_sum", "exp_sum_dot", "row_max"]
+
+_INF_BITS = np.int32(0x7F800000)  # abs(bits) above this is NaN
+_NEG_INF_KEY = np.int32(-2139095041)  # key of -inf: 0xff800000 ^ 0x7fffffff = 0x807fffff
+
+# All float32 (a float64 constant would promote the whole computation to float64).
+_LOG2E = np.float32(1.4426950408889634)
+_ROUND = np.float32(12582912.0)  # 1.5 * 2**23: (x + _ROUND) - _ROUND rounds x to an integer
+_ROUND_BITS = 0x4B400000  # bits of _ROUND: bits(x + _ROUND) - _ROUND_BITS is that integer
+# Cody-Waite split of ln2: _LN2_HI has 9 significant bits, so k * _LN2_HI is exact for |k| < 2**15
+_LN2_HI = np.float32(0.693359375)
+_LN2_LO = np.float32(-2.12194440e-4)
+_Y_MIN = np.float32(-104.0)  # exp(-104) = 6.8e-46 < 2**-150: rounds to 0 (as does all below)
+_Y_MAX = np.float32(89.0)  # exp(89) overflows float32 (inf); keeps 2**k in range for y > 0
+# exp(r) ~ 1 + r + r**2 * Q(r), Q of degree 4 fitted for relative error (Lawson-weighted least
+# squares) on |r| <= 1.02 ln2 / 2, rounded to float32: max rel. error 4.6e-9 (0.08 ulp)
+_Q1 = np.float32(0.0013871424598619342)
+_Q2 = np.float32(0.008370121009647846)
+_Q3 = np.float32(0.04166742041707039)
+_Q4 = np.float32(0.16666509211063385)
+_Q5 = np.float32(0.4999999701976776)
+_ONE = np.float32(1.0)
+
+
+def _key_ir(builder, i):
+    """IR for ``i ^ ((i >> 31) & 0x7fffffff)`` on int32 (numba's own integer ops widen to int64)."""
+    sign = builder.ashr(i, ir.Constant(i.type, 31))
+    return builder.xor(i, builder.and_(sign, ir.Constant(i.type, 0x7FFFFFFF)))
+
+
+@intrinsic
+def _f32_key(typingctx, x):
+    """Order-preserving int32 key of a float32: ``key(a) < key(b)`` iff ``a < b`` (non-NaN,
+    with ``-0.0 < +0.0``); NaN keys lie above ``key(+inf)`` or below ``key(-inf)``."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return _key_ir(builder, builder.bitcast(args[0], ir.IntType(32)))
+
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def _f32_abs_bits(typingctx, x):
+    """``bits(x) & 0x7fffffff`` as int32: above ``0x7f800000`` exactly when ``x`` is NaN."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i = builder.bitcast(args[0], ir.IntType(32))
+        return builder.and_(i, ir.Constant(ir.IntType(32), 0x7FFFFFFF))
+
+    return types.int32(types.float32), codegen
+
+
+@intrinsic
+def _key_f32(typingctx, k):
+    """Inverse of :func:`_f32_key` (the key map is an involution)."""
+    if k != types.int32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(_key_ir(builder, args[0]), ir.FloatType())
+
+    return types.float32(types.int32), codegen
+
+
+@intrinsic
+def _scale_pow2(typingctx, p, kt):
+    """``p * 2**k * 2**(k - k // 2)`` in float32, ``k = bits(kt) - bits(_ROUND)`` the integer
+    that ``kt = k + _ROUND`` holds, ``|k| <= 150``. ``2**k`` is split into two normal factors
+    (``2**-150`` and ``2**128`` are not float32 normals); ``p * 2**(k // 2)`` is exact, so the
+    second product is the only rounding, subnormal results included. Plain IR (int32 ops, no
+    fast-math flags), which numba's int64-widening integer arithmetic would not vectorize as well.
+    """
+    if p != types.float32 or kt != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        p, kt = args
+        k = builder.sub(builder.bitcast(kt, i32), ir.Constant(i32, _ROUND_BITS))
+        k1 = builder.ashr(k, ir.Constant(i32, 1))
+        k2 = builder.sub(k, k1)
+
+        def pow2(n):  # biased exponent n + 127 in [52, 191]
+            e = builder.add(n, ir.Constant(i32, 127))
+            return builder.bitcast(builder.shl(e, ir.Constant(i32, 23)), ir.FloatType())
+
+        return builder.fmul(builder.fmul(p, pow2(k1)), pow2(k2))
+
+    return types.float32(types.float32, types.float32), codegen
+
+
+@njit(nogil=True, cache=True)
+def row_max(row):
+    """``(max, has_nan)`` of a float32 row; NaN is skipped by the max (all NaN or empty: -inf).
+
+    The key ``i ^ ((i >> 31) & 0x7fffffff)`` of the int32 bits ``i`` is ordered like the floats
+    (``-0.0`` just below ``+0.0``), so the max is an integer reduction, which vectorizes.
+    """
+    best = _NEG_INF_KEY
+    max_abs = np.int32(0)
+    for j in range(row.shape[0]):
+        a = _f32_abs_bits(row[j])
+        k = _f32_key(row[j])
+        k = _NEG_INF_KEY if a > _INF_BITS else k  # NaN of either sign: ignored by the max
+        best = max(best, k)
+        max_abs = max(max_abs, a)
+    return _key_f32(best), max_abs > _INF_BITS
+
+
+@njit(nogil=True, inline="always")
+def _exp32(y):
+    """``exp(y)`` for a float32 ``y <= 0`` (also -inf -> 0, NaN -> NaN), branch-free, in float32.
+
+    ``y = k ln2 + r`` with ``|r| <~ ln2 / 2`` (``k`` rounded by the 1.5 * 2**23 trick, which
+    also leaves ``k`` in the low bits of ``kt``; ``ln2`` split in two, Cody-Waite), a degree-6
+    polynomial for ``exp(r)``, then times ``2**k`` (:func:`_scale_pow2`, which rounds
+    once, subnormals included). At most 1 ulp from the correctly rounded float32 over all float32
+    in [-110, 0]. Needs FMA contraction and no reassociation (``(x + M) - M`` must not fold).
+    """
+    yc = _Y_MIN if y < _Y_MIN else y  # -inf clamps to a value giving 0; NaN stays NaN
+    yc = _Y_MAX if yc > _Y_MAX else yc  # only for y > 0 (not a row max): inf, not garbage
+    kt = yc * _LOG2E + _ROUND  # k = round(y / ln2) in the low mantissa bits of kt
+    kf = kt - _ROUND
+    r = yc - kf * _LN2_HI
+    r = r - kf * _LN2_LO
+    q = _Q1
+    q = q * r + _Q2
+    q = q * r + _Q3
+    q = q * r + _Q4
+    q = q * r + _Q5
+    q = q * r + _ONE
+    q = q * r + _ONE
+    return _scale_pow2(q, kt)  # NaN: q is NaN, and so is the product
+
+
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _exp_row(row, m, t, out):
+    """The exp pass, vectorized without reassociation (see :func:`_exp32`)."""
+    for j in range(row.shape[0]):
+        out[j] = _exp32((row[j] - m) / t)
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _sum64(out):
+    """float64 sum of a float32 row (reassociated, so it vectorizes)."""
+    s = 0.0
+    for j in range(out.shape[0]):
+        s += np.float64(out[j])
+    return s
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
+def _dot64(row, m, t, out):
+    """``sum(out[j] * y[j])`` over ``out[j] != 0``, ``y`` recomputed exactly as in the exp pass."""
+    d = 0.0
+    for j in range(out.shape[0]):
+        e = np.float64(out[j])
+        y = np.float64((row[j] - m) / t)
+        d += e * y if e != 0.0 else 0.0
+    return d
+
+
+@njit(nogil=True, cache=True)
+def exp_sum(row, m, t, out):
+    """``out[j] = float32(exp((row[j] - m) / t))`` (float32 subtract and divide, as numpy);
+    returns the float64 sum of ``out``. ``m`` is the row max, ``t > 0`` a normal float32."""
+    _exp_row(row, np.float32(m), np.float32(t), out)
+    return _sum64(out)
+
+
+@njit(nogil=True, cache=True)
+def exp_sum_dot(row, m, t, out):
+    """Like :func:`exp_sum`, also ``d = sum(out[j] * y[j])`` with ``y = (row - m) / t`` and
+    zero terms where ``out[j] == 0`` (so ``0 * -inf`` is 0); entropy is ``log(s) - d / s``."""
+    m32 = np.float32(m)
+    t32 = np.float32(t)
+    _exp_row(row, m32, t32, out)
+    return _sum64(out), _dot64(row, m32, t32, out)
