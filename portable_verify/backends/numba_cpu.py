@@ -86,7 +86,7 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     v = target.shape[-1]
     r = b * (k + 1)
     tokens, accepted, emitted, out_counts = _outputs(b, k)
-    if type(target) is torch.Tensor and r * v <= ARGMAX_IN_NUMPY:
+    if type(target) is torch.Tensor and type(drafts) is torch.Tensor and r * v <= ARGMAX_IN_NUMPY:
         error = kernels.greedy_at(target.data_ptr(), r, v, is_logits,
                                   drafts.data_ptr(), b, k, counts, bonus, check, tokens,
                                   accepted, emitted, out_counts)

@@ -354,7 +354,7 @@ def decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar
                 else:
                     u = explicit_u[i, j] if explicit_u.shape[0] > 0 else _uniform(key, 2 * j)
                     qx = np.float32(1.0)
-                    if has_q and px > 0:
+                    if has_q:
                         qr = (i * k + j) if padded else _clamp(qrows[i, j], q.shape[0])
                         qx = q[qr, xc]
                         if check and _bad_prob(qx):

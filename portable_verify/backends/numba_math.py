@@ -24,10 +24,11 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["exp_sum", "exp_sum_dot", "row_max"]
+__all__ = ["exp_sum", "exp_sum_dot", "row_max", "row_stats"]
 
 _INF_BITS = np.int32(0x7F800000)  # abs(bits) above this is NaN
 _NEG_INF_KEY = np.int32(-2139095041)  # key of -inf: 0xff800000 ^ 0x7fffffff = 0x807fffff
+_POS_INF_KEY = np.int32(0x7F800000)  # key of +inf (non-negative floats are their own key)
 
 # All float32 (a float64 constant would promote the whole computation to float64).
 _LOG2E = np.float32(1.4426950408889634)
@@ -119,6 +120,23 @@ def _scale_pow2(typingctx, p, kt):
     return types.float32(types.float32, types.float32), codegen
 
 
+@intrinsic
+def _add_reassoc(typingctx, a, b):
+    """``a + b`` in float64 carrying only the ``reassoc`` flag, for a running sum: the loop
+    vectorizer may then split the sum into lanes, while every other float op in the loop keeps
+    its order (a loop-wide ``reassoc`` would fold the ``(x + M) - M`` rounding of :func:`_exp32`).
+    numba's fastmath pass leaves instructions that already carry flags alone."""
+    if a != types.float64 or b != types.float64:
+        return None
+
+    def codegen(context, builder, signature, args):
+        instr = builder.fadd(args[0], args[1])
+        instr.flags.append("reassoc")
+        return instr
+
+    return types.float64(types.float64, types.float64), codegen
+
+
 @njit(nogil=True, cache=True)
 def row_max(row):
     """``(max, has_nan)`` of a float32 row; NaN is skipped by the max (all NaN or empty: -inf).
@@ -135,6 +153,28 @@ def row_max(row):
         best = max(best, k)
         max_abs = max(max_abs, a)
     return _key_f32(best), max_abs > _INF_BITS
+
+
+@njit(nogil=True, cache=True)
+def row_stats(row):
+    """``(low, has_nan, total)`` of a float32 row, for checking probability rows.
+
+    ``low``: float32 minimum over the non-NaN entries (all NaN or empty: +inf; ``-0.0`` below
+    ``+0.0``); ``has_nan``: any NaN, either sign; ``total``: float64 sum of all entries, in
+    vectorized (reassociated) order, NaN if any entry is NaN (or +inf and -inf both occur), inf if
+    any is inf. One pass: integer min/max over keys as in :func:`row_max`, plus the sum.
+    """
+    low = _POS_INF_KEY
+    max_abs = np.int32(0)
+    total = 0.0
+    for j in range(row.shape[0]):
+        a = _f32_abs_bits(row[j])
+        k = _f32_key(row[j])
+        k = _POS_INF_KEY if a > _INF_BITS else k  # NaN of either sign: ignored by the min
+        low = min(low, k)
+        max_abs = max(max_abs, a)
+        total = _add_reassoc(total, np.float64(row[j]))
+    return _key_f32(low), max_abs > _INF_BITS, total
 
 
 @njit(nogil=True, inline="always")
@@ -164,45 +204,41 @@ def _exp32(y):
 
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
-def _exp_row(row, m, t, out):
-    """The exp pass, vectorized without reassociation (see :func:`_exp32`)."""
-    for j in range(row.shape[0]):
-        out[j] = _exp32((row[j] - m) / t)
-
-
-@njit(nogil=True, cache=True, fastmath={"reassoc"})
-def _sum64(out):
-    """float64 sum of a float32 row (reassociated, so it vectorizes)."""
+def _exp_row_sum(row, m, t, out):
+    """The exp pass and its float64 sum in one loop: the exp without reassociation (see
+    :func:`_exp32`), only the sum's additions reassociated (:func:`_add_reassoc`)."""
     s = 0.0
-    for j in range(out.shape[0]):
-        s += np.float64(out[j])
+    for j in range(row.shape[0]):
+        e = _exp32((row[j] - m) / t)
+        out[j] = e
+        s = _add_reassoc(s, np.float64(e))
     return s
 
 
-@njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})
-def _dot64(row, m, t, out):
-    """``sum(out[j] * y[j])`` over ``out[j] != 0``, ``y`` recomputed exactly as in the exp pass."""
+@njit(nogil=True, cache=True, fastmath={"contract"})
+def _exp_row_sum_dot(row, m, t, out):
+    """:func:`_exp_row_sum` plus ``sum(out[j] * y[j])`` over ``out[j] != 0`` in the same loop."""
+    s = 0.0
     d = 0.0
-    for j in range(out.shape[0]):
-        e = np.float64(out[j])
-        y = np.float64((row[j] - m) / t)
-        d += e * y if e != 0.0 else 0.0
-    return d
+    for j in range(row.shape[0]):
+        y = (row[j] - m) / t
+        e = _exp32(y)
+        out[j] = e
+        e64 = np.float64(e)
+        s = _add_reassoc(s, e64)
+        d = _add_reassoc(d, e64 * np.float64(y) if e != 0 else 0.0)
+    return s, d
 
 
 @njit(nogil=True, cache=True)
 def exp_sum(row, m, t, out):
     """``out[j] = float32(exp((row[j] - m) / t))`` (float32 subtract and divide, as numpy);
     returns the float64 sum of ``out``. ``m`` is the row max, ``t > 0`` a normal float32."""
-    _exp_row(row, np.float32(m), np.float32(t), out)
-    return _sum64(out)
+    return _exp_row_sum(row, np.float32(m), np.float32(t), out)
 
 
 @njit(nogil=True, cache=True)
 def exp_sum_dot(row, m, t, out):
     """Like :func:`exp_sum`, also ``d = sum(out[j] * y[j])`` with ``y = (row - m) / t`` and
     zero terms where ``out[j] == 0`` (so ``0 * -inf`` is 0); entropy is ``log(s) - d / s``."""
-    m32 = np.float32(m)
-    t32 = np.float32(t)
-    _exp_row(row, m32, t32, out)
-    return _sum64(out), _dot64(row, m32, t32, out)
+    return _exp_row_sum_dot(row, np.float32(m), np.float32(t), out)
