@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from portable_verify.backends.numba_math import exp_sum, exp_sum_dot, row_max
+from portable_verify.backends.numba_math import exp_sum, exp_sum_dot, row_max, row_stats
 
 F32 = np.float32
 NAN_BITS = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF], np.uint32).view(F32)
@@ -33,6 +33,14 @@ EDGES = np.array(
     ],
     dtype=F32,
 )
+
+
+# exp_sum_dot sums 512-element blocks in float32 (vector lanes, then a lane tree) and the block
+# sums in float64. All terms have one sign (out >= 0, y <= 0), so the relative error is about
+# (512 / 64 + 7) float32 roundings, <= 1e-6; measured <= 3e-7 (sum and dot). A product
+# out * y below the float32 normal range adds up to 2**-150 absolute per term.
+DOT_REL = 1e-6
+DOT_ABS = 2.0**-149
 
 
 def _ulps(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -91,10 +99,11 @@ def test_exp_uses_float32_subtract_and_divide() -> None:
 
         out2 = np.empty_like(row)
         s2, d = exp_sum_dot(row, m, t, out2)
-        assert np.array_equal(out2, out) and s2 == s
+        assert np.array_equal(out2, out)
+        assert s2 == pytest.approx(s, rel=DOT_REL, abs=0)
         pos = out > 0
         d_ref = (out[pos].astype(np.float64) * y[pos].astype(np.float64)).sum()
-        assert d == pytest.approx(d_ref, rel=1e-12, abs=1e-300)
+        assert d == pytest.approx(d_ref, rel=DOT_REL, abs=DOT_ABS * row.size)
         assert np.isfinite(d)
 
 
@@ -106,12 +115,32 @@ def test_exp_sum_lengths_and_nan(n: int) -> None:
     out = np.empty_like(row)
     s, d = exp_sum_dot(row, m, F32(1.3), out)
     y = (row - m) / F32(1.3)
-    assert s == pytest.approx(out.astype(np.float64).sum(), rel=1e-12, abs=0)
-    assert d == pytest.approx((out.astype(np.float64) * y).sum(), rel=1e-12, abs=1e-300)
+    assert s == pytest.approx(out.astype(np.float64).sum(), rel=DOT_REL, abs=0)
+    assert d == pytest.approx((out.astype(np.float64) * y).sum(), rel=DOT_REL, abs=DOT_ABS * n)
+    assert exp_sum(row, m, F32(1.3), out) == pytest.approx(out.astype(np.float64).sum(),
+                                                           rel=1e-12, abs=0)
     row[n // 2] = np.nan
     s, d = exp_sum_dot(row, m, F32(1.3), out)
     assert np.isnan(out[n // 2]) and np.isnan(s) and np.isnan(d)
     assert np.isnan(exp_sum(row, m, F32(1.3), out))
+
+
+@pytest.mark.parametrize("n", [511, 512, 513, 1025, 128_256])
+def test_exp_sum_dot_blocks(n: int) -> None:
+    """Block edges, and sorted rows (the large terms last, the worst order for a running sum)."""
+    rng = np.random.default_rng(n)
+    for row in ((rng.standard_normal(n) * 4).astype(F32), np.sort(rng.standard_normal(n) * 4)):
+        row = row.astype(F32)
+        m = F32(row.max())
+        out = np.empty_like(row)
+        s, d = exp_sum_dot(row, m, F32(0.7), out)
+        ref = np.empty_like(row)
+        exp_sum(row, m, F32(0.7), ref)
+        assert np.array_equal(out, ref)
+        y = ((row - m) / F32(0.7)).astype(np.float64)
+        o = out.astype(np.float64)
+        assert s == pytest.approx(o.sum(), rel=DOT_REL, abs=0)
+        assert d == pytest.approx((o * y).sum(), rel=DOT_REL, abs=DOT_ABS * n)
 
 
 def _check_max(row: np.ndarray) -> None:
@@ -159,3 +188,65 @@ def test_row_max_signed_zero_and_extremes() -> None:
     big = np.finfo(F32).max
     assert row_max(np.array([-big, big, 1e-45], F32))[0] == big
     assert row_max(np.array([-1e-45, -big], F32))[0] == F32(-1e-45)
+
+
+def _check_stats(row: np.ndarray) -> None:
+    low, has_nan, total = row_stats(row)
+    nan = np.isnan(row)
+    clean = row[~nan]
+    want = clean.min() if clean.size else F32(np.inf)
+    assert isinstance(low, float) and np.float32(low) == low
+    assert np.float32(low).tobytes() == want.tobytes() or (low == want == 0)
+    assert has_nan == bool(nan.any())
+    with np.errstate(invalid="ignore"):
+        ref = row.astype(np.float64).sum()
+    if np.isnan(ref):
+        assert np.isnan(total)
+    elif np.isinf(ref):
+        assert total == ref
+    else:
+        assert total == pytest.approx(ref, rel=1e-12, abs=1e-300)
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 32000])
+def test_row_stats(n: int) -> None:
+    rng = np.random.default_rng(n)
+    base = rng.random(n).astype(F32)
+    base /= base.sum()
+    _check_stats(base)
+    _check_stats((rng.standard_normal(n) * 10).astype(F32))
+    _check_stats(np.full(n, -0.0, F32))
+    _check_stats(np.full(n, np.inf, F32))
+    for nan in [F32(np.nan), -F32(np.nan), *NAN_BITS]:
+        for pos in {0, n // 2, n - 1}:
+            row = base.copy()
+            row[pos] = nan
+            _check_stats(row)
+            row = np.full(n, np.inf, F32)
+            row[pos] = nan
+            low, has_nan, total = row_stats(row)
+            assert low == np.inf and has_nan and np.isnan(total)
+        low, has_nan, total = row_stats(np.full(n, nan, F32))  # all NaN: min +inf
+        assert low == np.inf and has_nan and np.isnan(total)
+    for pos, val in ((n - 1, np.inf), (0, -np.inf), (n // 2, -1e-45)):
+        row = base.copy()
+        row[pos] = val
+        _check_stats(row)
+    if n > 1:
+        row = np.full(n, np.inf, F32)
+        row[n - 1] = 3.5
+        low, has_nan, total = row_stats(row)
+        assert (low, has_nan, total) == (3.5, False, np.inf)
+        row = base.copy()
+        row[0], row[n - 1] = np.inf, -np.inf
+        assert np.isnan(row_stats(row)[2])
+
+
+def test_row_stats_signed_zero_and_empty() -> None:
+    low, has_nan, total = row_stats(np.array([0.0, -0.0, 0.5], F32))
+    assert low == 0 and np.signbit(low) and not has_nan and total == 0.5
+    low, _, _ = row_stats(np.array([0.25, 0.0], F32))
+    assert low == 0 and not np.signbit(low)
+    big = np.finfo(F32).max
+    assert row_stats(np.array([big, -big, 1e-45], F32))[0] == -big
+    assert row_stats(np.array([], F32)) == (np.inf, False, 0.0)

@@ -19,7 +19,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from portable_verify.backends.numba_math import exp_sum, exp_sum_dot, row_max
+from portable_verify.backends.numba_math import exp_sum, exp_sum_dot, row_max, row_stats
 
 _JIT = {"nogil": True, "cache": True}
 
@@ -143,13 +143,10 @@ def draw(w, v):
 
 
 @numba.njit(inline="always", **_JIT)
-def _row_min_sum(row):
-    """``(min, float64 sum)`` of a probability row (a NaN makes the sum NaN)."""
-    low = row[0]
-    for j in range(row.shape[0]):
-        if row[j] < low:
-            low = row[j]
-    return low, _block_sum(row, 0, row.shape[0])
+def _not_a_distribution(row, atol):
+    """A row a draw reads in full: a negative or NaN entry, or a total not within ``atol`` of 1."""
+    low, has_nan, total = row_stats(row)
+    return not (low >= 0 and not has_nan and total < np.inf and abs(total - 1) <= atol)
 
 
 @numba.njit(inline="always", **_JIT)
@@ -382,10 +379,8 @@ def decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar
                 p = scratch
             else:
                 p = row
-                if check and not (typical and rejected):
-                    low, total = _row_min_sum(row)
-                    if not (low >= 0 and total < np.inf and abs(total - 1) <= atol):
-                        error = ERROR_VALUE
+                if check and not (typical and rejected) and _not_a_distribution(row, atol):
+                    error = ERROR_VALUE
             if typical and rejected:
                 # argmax p: for logits the first exponential equal to exp(0) = 1
                 final = _first_at_least(p, np.float32(1.0)) if is_logits else _argmax(p)
@@ -397,10 +392,8 @@ def decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar
                 if has_q:
                     qr = (i * k + accepted) if padded else _clamp(qrows[i, accepted], q.shape[0])
                     qrow = q[qr]
-                    if check:
-                        low, total = _row_min_sum(qrow)
-                        if not (low >= 0 and total < np.inf and abs(total - 1) <= q_atol):
-                            error = ERROR_VALUE
+                    if check and _not_a_distribution(qrow, q_atol):
+                        error = ERROR_VALUE
                     sf = np.float32(s)
                     for c in range(v_size):
                         pc = np.float32(p[c] / sf) if is_logits else p[c]

@@ -1,4 +1,5 @@
-"""Vectorizable float32 row primitives for numba host kernels: max, exp-and-sum, entropy terms.
+"""Vectorizable float32 row primitives for numba host kernels: max, min/NaN/sum checks,
+exp-and-sum, entropy terms.
 
 Why this exists: the llvmlite wheels are built without Intel SVML, so ``math.exp`` / ``np.exp``
 inside a numba loop is a scalar libm call (~5 ns per element), and a float ``if x > m`` max
@@ -122,11 +123,11 @@ def _scale_pow2(typingctx, p, kt):
 
 @intrinsic
 def _add_reassoc(typingctx, a, b):
-    """``a + b`` in float64 carrying only the ``reassoc`` flag, for a running sum: the loop
-    vectorizer may then split the sum into lanes, while every other float op in the loop keeps
-    its order (a loop-wide ``reassoc`` would fold the ``(x + M) - M`` rounding of :func:`_exp32`).
-    numba's fastmath pass leaves instructions that already carry flags alone."""
-    if a != types.float64 or b != types.float64:
+    """``a + b`` (float32 or float64) carrying only the ``reassoc`` flag, for a running sum: the
+    loop vectorizer may then split the sum into lanes, while every other float op in the loop
+    keeps its order (a loop-wide ``reassoc`` would fold the ``(x + M) - M`` rounding of
+    :func:`_exp32`). numba's fastmath pass leaves instructions that already carry flags alone."""
+    if a != b or a not in (types.float32, types.float64):
         return None
 
     def codegen(context, builder, signature, args):
@@ -134,7 +135,7 @@ def _add_reassoc(typingctx, a, b):
         instr.flags.append("reassoc")
         return instr
 
-    return types.float64(types.float64, types.float64), codegen
+    return a(a, a), codegen
 
 
 @njit(nogil=True, cache=True)
@@ -204,29 +205,37 @@ def _exp32(y):
 
 
 @njit(nogil=True, cache=True, fastmath={"contract"})
-def _exp_row_sum(row, m, t, out):
-    """The exp pass and its float64 sum in one loop: the exp without reassociation (see
-    :func:`_exp32`), only the sum's additions reassociated (:func:`_add_reassoc`)."""
-    s = 0.0
+def _exp_row(row, m, t, out):
+    """The exp pass, vectorized without reassociation (see :func:`_exp32`)."""
     for j in range(row.shape[0]):
-        e = _exp32((row[j] - m) / t)
-        out[j] = e
-        s = _add_reassoc(s, np.float64(e))
+        out[j] = _exp32((row[j] - m) / t)
+
+
+@njit(nogil=True, cache=True, fastmath={"reassoc"})
+def _sum64(out):
+    """float64 sum of a float32 row (reassociated, so it vectorizes)."""
+    s = 0.0
+    for j in range(out.shape[0]):
+        s += np.float64(out[j])
     return s
 
 
+_BLOCK = 512  # exp_sum_dot's float32 partial sums: 8 terms per vector lane, then a lane tree
+
+
 @njit(nogil=True, cache=True, fastmath={"contract"})
-def _exp_row_sum_dot(row, m, t, out):
-    """:func:`_exp_row_sum` plus ``sum(out[j] * y[j])`` over ``out[j] != 0`` in the same loop."""
-    s = 0.0
-    d = 0.0
+def _exp_sum_dot_block(row, m, t, out):
+    """exp, float32 sum and float32 dot of one block in one loop. float32 partial sums keep the
+    loop at 16 float32 lanes (any float64 value in it halves the vector width, which costs more
+    than a second pass); only the two sums' additions are reassociated (:func:`_add_reassoc`)."""
+    s = np.float32(0.0)
+    d = np.float32(0.0)
     for j in range(row.shape[0]):
         y = (row[j] - m) / t
         e = _exp32(y)
         out[j] = e
-        e64 = np.float64(e)
-        s = _add_reassoc(s, e64)
-        d = _add_reassoc(d, e64 * np.float64(y) if e != 0 else 0.0)
+        s = _add_reassoc(s, e)
+        d = _add_reassoc(d, e * y if e != 0 else np.float32(0.0))
     return s, d
 
 
@@ -234,11 +243,22 @@ def _exp_row_sum_dot(row, m, t, out):
 def exp_sum(row, m, t, out):
     """``out[j] = float32(exp((row[j] - m) / t))`` (float32 subtract and divide, as numpy);
     returns the float64 sum of ``out``. ``m`` is the row max, ``t > 0`` a normal float32."""
-    return _exp_row_sum(row, np.float32(m), np.float32(t), out)
+    _exp_row(row, np.float32(m), np.float32(t), out)
+    return _sum64(out)
 
 
 @njit(nogil=True, cache=True)
 def exp_sum_dot(row, m, t, out):
     """Like :func:`exp_sum`, also ``d = sum(out[j] * y[j])`` with ``y = (row - m) / t`` and
     zero terms where ``out[j] == 0`` (so ``0 * -inf`` is 0); entropy is ``log(s) - d / s``."""
-    return _exp_row_sum_dot(row, np.float32(m), np.float32(t), out)
+    m32 = np.float32(m)
+    t32 = np.float32(t)
+    n = row.shape[0]
+    s = 0.0
+    d = 0.0
+    for b0 in range(0, n, _BLOCK):  # views, not offsets: an offset index loop does not vectorize
+        b1 = min(n, b0 + _BLOCK)
+        bs, bd = _exp_sum_dot_block(row[b0:b1], m32, t32, out[b0:b1])
+        s += np.float64(bs)
+        d += np.float64(bd)
+    return s, d
