@@ -138,9 +138,9 @@ def try_verify(draft_token_ids: Any, target_logits: Any, target_probs: Any, draf
     if not ok:
         return None
     if type(draft_token_ids) is np.ndarray:
-        return VerifyResult(tokens, accepted, emitted, counts_out)
-    return VerifyResult(torch.from_numpy(tokens), torch.from_numpy(accepted),
-                        torch.from_numpy(emitted), torch.from_numpy(counts_out))
+        return VerifyResult._of(tokens, accepted, emitted, counts_out)
+    return VerifyResult._of(torch.from_numpy(tokens), torch.from_numpy(accepted),
+                            torch.from_numpy(emitted), torch.from_numpy(counts_out))
 
 
 def _sampling_options(options: dict[str, Any], temperature: Any, seed: Any, seed_offset: Any,
