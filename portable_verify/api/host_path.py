@@ -41,13 +41,6 @@ def _plain(x: Any, dtype: np.dtype, torch_dtype: torch.dtype) -> Any:
     return None
 
 
-def _numpy(x: Any) -> np.ndarray:
-    """A plain argument's numpy view."""
-    if type(x) is torch.Tensor:
-        return (x.detach() if x.requires_grad else x).numpy()
-    return x
-
-
 def _host(x: Any) -> np.ndarray | None:
     """A CPU tensor's or a numpy array's values as numpy (no copy); None for anything else."""
     if type(x) is torch.Tensor:
@@ -68,7 +61,8 @@ def _c(a: np.ndarray | None, dtype: Any, shape: tuple[int, ...]) -> np.ndarray |
 
 
 def _int_scalar(x: Any) -> int | None:
-    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+    """A Python or numpy integer (not a bool) that fits int64, else None."""
+    if type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool)):
         value = int(x)
         return value if INT64_MIN <= value <= INT64_MAX else None
     return None
@@ -132,8 +126,7 @@ def try_verify(draft_token_ids: Any, target_logits: Any, target_probs: Any, draf
                                         for x in (typical_eps, typical_alpha)):
                 return None  # TypicalParams in the full front door words the error
             options.update(typical=True, eps=float(typical_eps), alpha=float(typical_alpha))
-        out = kernel.decide(_numpy(target).reshape(b * (k + 1), v), is_logits,
-                            _numpy(drafts), **options)
+        out = kernel.decide(target, is_logits, drafts, **options)
     tokens, accepted, emitted, counts_out, ok = out
     if not ok:
         return None
@@ -148,7 +141,8 @@ def _sampling_options(options: dict[str, Any], temperature: Any, seed: Any, seed
     """Temperatures and the source of the uniforms, in the kernel's terms; False: not plain."""
     if temperature is None:
         options["temp_scalar"] = 1.0
-    elif isinstance(temperature, numbers.Real) and not isinstance(temperature, bool):
+    elif type(temperature) in (float, int) or (isinstance(temperature, numbers.Real)
+                                               and not isinstance(temperature, bool)):
         t = float(np.float32(temperature)) if temperature <= _F32_MAX else math.inf
         options["temp_scalar"] = t  # the kernel checks it (finite, >= 0) with the rest
         if t == 0.0:

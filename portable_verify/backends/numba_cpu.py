@@ -23,7 +23,9 @@ from portable_verify.backends.base import (
     ReadValueError,
 )
 from portable_verify.core.types import VerifyInputs
-from portable_verify.core.validation import PROB_SUM_ATOL
+from portable_verify.core.validation import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
+
+HALF = (torch.float16, torch.bfloat16)
 
 try:  # numba is optional (the `cpu` extra): without it the backend reports itself unavailable
     from portable_verify.backends import numba_kernels as kernels
@@ -42,7 +44,7 @@ before the kernel; below it the kernel's own loop is cheaper than one more call.
 
 def host_array(t: Any, dtype: Any) -> np.ndarray:
     """A C-contiguous numpy array of ``dtype`` viewing ``t`` where possible (a copy otherwise)."""
-    a = t.numpy() if isinstance(t, torch.Tensor) else t
+    a = t.detach().numpy() if isinstance(t, torch.Tensor) else t
     return np.ascontiguousarray(a, dtype=dtype)
 
 
@@ -52,7 +54,8 @@ def _outputs(b: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             np.empty(b, dtype=np.int64), np.empty(b, dtype=np.int64))
 
 
-def decide_arrays(target: np.ndarray, is_logits: bool, drafts: np.ndarray, *,
+def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
+                  drafts: np.ndarray | torch.Tensor, *,
                   rows: np.ndarray = EMPTY_I64_2, counts: np.ndarray = EMPTY_I64_1,
                   q: np.ndarray = EMPTY_F32_2, qrows: np.ndarray = EMPTY_I64_2,
                   temps: np.ndarray = EMPTY_F32_1, temp_scalar: float = 1.0,
@@ -60,19 +63,39 @@ def decide_arrays(target: np.ndarray, is_logits: bool, drafts: np.ndarray, *,
                   alpha: float = 0.0, uniforms: np.ndarray = EMPTY_F32_2,
                   seeds: np.ndarray = EMPTY_I64_1, seed_scalar: int = 0, seed_mode: int = 1,
                   offsets: np.ndarray = EMPTY_I64_1, offset_scalar: int = 0,
-                  bonus: np.ndarray = EMPTY_I64_1, check: bool = True
+                  bonus: np.ndarray = EMPTY_I64_1, check: bool = True,
+                  atol: float = PROB_SUM_ATOL, q_atol: float = PROB_SUM_ATOL
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
     """``(token_ids, num_accepted, num_emitted, num_draft_tokens, ok)`` from host arrays whose
-    layout the caller has checked (shapes index memory here: nothing is bounds-checked)."""
+    layout the caller has checked (shapes index memory here: nothing is bounds-checked).
+
+    ``target`` holds the flat rows ``[..., V]`` (C-contiguous); it and ``drafts`` may also be
+    contiguous float32 / int64 CPU tensors, read in place by address.
+    """
     b, k = drafts.shape
+    v = target.shape[-1]
+    if v == 0 and b > 0:
+        raise ValueError("the target has an empty vocabulary dimension")
+    r = b * (k + 1) if rows.shape[0] == 0 else target.shape[0]  # rows: target is [R, V]
     greedy_possible = all_greedy or temps.shape[0] > 0 or temp_scalar == 0.0
+    tokens, accepted, emitted, out_counts = _outputs(b, k)
+    by_address = type(target) is torch.Tensor and type(drafts) is torch.Tensor
+    if by_address and not (greedy_possible and r * v > ARGMAX_IN_NUMPY):
+        error = kernels.decide_at(
+            target.data_ptr(), r, v, is_logits, rows, drafts.data_ptr(), b, k, counts, q,
+            qrows, temps, temp_scalar, all_greedy, typical, eps, alpha, uniforms, seeds,
+            seed_scalar, seed_mode, offsets, offset_scalar, bonus, check, atol, q_atol,
+            tokens, accepted, emitted, out_counts)
+        return tokens, accepted, emitted, out_counts, error == 0
+    target = host_array(target, np.float32)
+    target = target.reshape(-1, v)
+    drafts = host_array(drafts, np.int64)
     argmax = (np.argmax(target, axis=1) if greedy_possible and target.size > ARGMAX_IN_NUMPY
               else EMPTY_I64_1)
-    tokens, accepted, emitted, out_counts = _outputs(b, k)
     error = kernels.decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar,
-                   all_greedy, typical, eps, alpha, uniforms, seeds, seed_scalar, seed_mode,
-                   offsets, offset_scalar, argmax, bonus, check, PROB_SUM_ATOL, PROB_SUM_ATOL,
-                   tokens, accepted, emitted, out_counts)
+                           all_greedy, typical, eps, alpha, uniforms, seeds, seed_scalar,
+                           seed_mode, offsets, offset_scalar, argmax, bonus, check, atol,
+                           q_atol, tokens, accepted, emitted, out_counts)
     return tokens, accepted, emitted, out_counts, error == 0
 
 
@@ -123,10 +146,11 @@ class NumbaBackend(Backend):
         inputs.check_layout()
         if inputs.uniforms is None and not inputs.all_greedy:
             raise ValueError("uniforms are required unless every row is greedy")
-        target = inputs.target
+        target, q = inputs.target, inputs.draft_probs
+        atol, q_atol = (PROB_SUM_ATOL_HALF if t is not None and t.dtype in HALF else PROB_SUM_ATOL
+                        for t in (target, q))
         if target.dtype != torch.float32:
             target = target.float()  # half inputs: upcast once (the kernel reads float32)
-        q = inputs.draft_probs
         if q is not None and q.dtype != torch.float32:
             q = q.float()
         tokens, accepted, _, _, ok = decide_arrays(
@@ -143,7 +167,7 @@ class NumbaBackend(Backend):
             eps=inputs.typical_eps, alpha=inputs.typical_alpha,
             uniforms=(EMPTY_F32_2 if inputs.uniforms is None
                       else host_array(inputs.uniforms, np.float32)),
-            check=inputs.check_read_values,
+            check=inputs.check_read_values, atol=atol, q_atol=q_atol,
         )
         if not ok:
             raise ReadValueError("a value the decision reads is invalid")

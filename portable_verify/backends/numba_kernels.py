@@ -262,6 +262,20 @@ def greedy_at(target_address, rows, v_size, is_logits, drafts_address, b, k, cou
 
 
 @numba.njit(**_JIT)
+def decide_at(target_address, n_rows, v_size, is_logits, rows, drafts_address, b, k, counts, q,
+              qrows, temps, temp_scalar, all_greedy, typical, eps, alpha, explicit_u, seeds,
+              seed_scalar, seed_mode, offsets, offset_scalar, bonus, check, atol, q_atol,
+              out_tokens, out_accepted, out_emitted, out_counts):
+    """:func:`decide` on contiguous torch tensors given by address (see :func:`greedy_at`)."""
+    target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
+    drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
+    return decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar,
+                  all_greedy, typical, eps, alpha, explicit_u, seeds, seed_scalar, seed_mode,
+                  offsets, offset_scalar, EMPTY_ARGMAX, bonus, check, atol, q_atol, out_tokens,
+                  out_accepted, out_emitted, out_counts)
+
+
+@numba.njit(**_JIT)
 def decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar, all_greedy,
            typical, eps, alpha, explicit_u, seeds, seed_scalar, seed_mode, offsets,
            offset_scalar, argmax_rows, bonus, check, atol, q_atol,
