@@ -9,7 +9,6 @@ come from the torch backend, rerun by dispatch on the same inputs (one source of
 
 from __future__ import annotations
 
-import importlib.metadata
 from typing import Any
 
 import numpy as np
@@ -28,6 +27,8 @@ from portable_verify.core.validation import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 HALF = (torch.float16, torch.bfloat16)
 
 try:  # numba is optional (the `cpu` extra): without it the backend reports itself unavailable
+    import numba
+
     from portable_verify.backends import numba_kernels as kernels
 except ImportError:
     kernels = None
@@ -125,6 +126,11 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
 HOST_KERNEL = HostKernel(decide=decide_arrays, greedy=greedy_arrays)
 
 
+_AVAILABILITY = (
+    Availability(False, "numba is not installed (pip install 'portable-verify[cpu]')")
+    if kernels is None else Availability(True, f"numba {numba.__version__} on the CPU"))
+
+
 class NumbaBackend(Backend):
     """The decision as one numba-compiled CPU kernel (``numba:cpu``)."""
 
@@ -134,10 +140,7 @@ class NumbaBackend(Backend):
     traits = BackendTraits(checks_what_it_reads=True)
 
     def availability(self) -> Availability:
-        if kernels is None:
-            return Availability(False, "numba is not installed (pip install "
-                                       "'portable-verify[cpu]')")
-        return Availability(True, f"numba {importlib.metadata.version('numba')} on the CPU")
+        return _AVAILABILITY  # asked on every automatic selection: computed once
 
     def host_kernel(self) -> HostKernel:
         return HOST_KERNEL
