@@ -148,3 +148,46 @@ def test_unvalidated_garbage_stays_in_range() -> None:
         out = pv.verify(drafts, target_logits=logits, validate=False, **kwargs).token_ids
         emitted = out[out >= 0]
         assert ((emitted >= 0) & (emitted < V)).all(), (kwargs, out)
+
+
+def _ragged(seed: int = 7) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.tensor([2, 0, 3, 1])
+    n, b = int(counts.sum()), counts.shape[0]
+    return {"draft_token_ids": torch.randint(0, V, (n,), generator=g),
+            "num_draft_tokens": counts,
+            "target_logits": torch.randn(n + b, V, generator=g) * 3}
+
+
+@pytest.mark.parametrize("kwargs", [
+    {"method": "greedy"},
+    {"temperature": 0.9, "seed": 4},
+    {"method": "typical", "seed": 4, "max_num_draft_tokens": 5},
+    {"temperature": torch.tensor([0.0, 1.0, 0.5, 2.0]), "seed": torch.tensor([1, 2, 3, 4]),
+     "bonus_token_ids": torch.tensor([[1], [2], [3], [4]])},
+])
+@pytest.mark.parametrize("form", ["counts", "cu"])
+def test_plain_ragged_calls_take_the_host_path_and_agree_with_the_reference(
+        kwargs: dict, form: str, full_door_calls: list[str]) -> None:
+    case = _ragged()
+    if form == "cu":
+        counts = case.pop("num_draft_tokens")
+        case["cu_num_draft_tokens"] = torch.cat([torch.zeros(1, dtype=torch.int64),
+                                                 counts.cumsum(0)])
+    got = pv.verify_ragged(**case, **kwargs)
+    assert full_door_calls == [], "a plain ragged call went through the full front door"
+    want = pv.verify_ragged(**case, **kwargs, backend="numpy")
+    for field in ("token_ids", "num_accepted", "num_emitted", "num_draft_tokens"):
+        assert torch.equal(getattr(got, field), getattr(want, field)), field
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda c: {**c, "num_draft_tokens": torch.tensor([2, 0, 3, 2])}, "accounts for 7 drafts"),
+    (lambda c: {**c, "num_draft_tokens": torch.tensor([3, -1, 3, 1])}, "must be >= 0"),
+    (lambda c: {**c, "max_num_draft_tokens": 2}, "smaller than the largest draft count"),
+    (lambda c: {**c, "target_logits": c["target_logits"][:-1]}, "must have N\\+B"),
+])
+def test_a_bad_ragged_layout_is_worded_by_the_full_front_door(change: object,
+                                                             message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        pv.verify_ragged(**change(_ragged()), seed=1)

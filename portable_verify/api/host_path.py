@@ -73,10 +73,10 @@ def try_verify(draft_token_ids: Any, target_logits: Any, target_probs: Any, draf
                seed_offset: Any, uniforms: Any, typical_eps: float, typical_alpha: float,
                bonus_token_ids: Any, backend: Any, validate: Any) -> VerifyResult | None:
     """The result of :func:`portable_verify.verify` for a call in plain form, else None."""
-    if (validate is not True and validate is not False) or type(backend) is not str:
+    if not _plain_options(method, backend, validate, typical_eps, typical_alpha):
         return None
     kernel = dispatch.host_kernel(backend)
-    if kernel is None or method not in _METHODS:
+    if kernel is None:
         return None
     drafts = _plain(draft_token_ids, _I64, torch.int64)
     is_logits = target_probs is None
@@ -102,35 +102,117 @@ def try_verify(draft_token_ids: Any, target_logits: Any, target_probs: Any, draf
         return None
     greedy = method == "greedy" or (type(temperature) in (float, int) and temperature == 0)
     if greedy and uniforms is None:
-        if draft_probs is not None:
-            q = _c(_host(draft_probs), np.float32, (b, k, v))
-            if q is None:  # unread, but its layout is still the caller's contract
-                return None
+        if draft_probs is not None and _c(_host(draft_probs), _F32, (b, k, v)) is None:
+            return None  # unread, but its layout is still the caller's contract
         out = kernel.greedy(target, is_logits, drafts, counts, bonus, validate)
-    else:
-        options: dict[str, Any] = {"check": validate, "counts": counts, "bonus": bonus}
-        if draft_probs is not None:
-            q = _c(_host(draft_probs), np.float32, (b, k, v))
-            if q is None:
-                return None
-            options["q"] = q.reshape(b * k, v)
-        if greedy:  # with uniforms: their layout is checked, their values are never read
-            if _c(_host(uniforms), _F32, (b, k + 1)) is None:
-                return None
-            options.update(all_greedy=True, temp_scalar=0.0)
-        elif not _sampling_options(options, temperature, seed, seed_offset, uniforms, b, k):
+        return _result(out, draft_token_ids)
+    options: dict[str, Any] = {"check": validate, "counts": counts, "bonus": bonus}
+    if draft_probs is not None:
+        q = _c(_host(draft_probs), _F32, (b, k, v))
+        if q is None:
             return None
-        if method == "typical":
-            defaults = typical_eps is DEFAULT_TYPICAL.eps and typical_alpha is DEFAULT_TYPICAL.alpha
-            if not defaults and not all(type(x) in (float, int) and math.isfinite(x) and x >= 0
-                                        for x in (typical_eps, typical_alpha)):
-                return None  # TypicalParams in the full front door words the error
-            options.update(typical=True, eps=float(typical_eps), alpha=float(typical_alpha))
-        out = kernel.decide(target, is_logits, drafts, **options)
+        options["q"] = q.reshape(b * k, v)
+    return _decide(kernel, target, is_logits, drafts, options, greedy, method, temperature,
+                   seed, seed_offset, uniforms, typical_eps, typical_alpha, draft_token_ids)
+
+
+def try_verify_ragged(draft_token_ids: Any, num_draft_tokens: Any, cu_num_draft_tokens: Any,
+                      target_logits: Any, target_probs: Any, draft_probs: Any, method: str,
+                      temperature: Any, seed: Any, seed_offset: Any, uniforms: Any,
+                      max_num_draft_tokens: Any, typical_eps: float, typical_alpha: float,
+                      bonus_token_ids: Any, backend: Any, validate: Any) -> VerifyResult | None:
+    """The result of :func:`portable_verify.verify_ragged` for a call in plain form, else None.
+
+    The flat layout's counts are checked (non-negative, summing to ``N``, ``N+B`` target rows,
+    within ``max_num_draft_tokens``) while the row maps are built, in one compiled call; any
+    doubt hands the call to the full front door, which words the error.
+    """
+    if not _plain_options(method, backend, validate, typical_eps, typical_alpha):
+        return None
+    kernel = dispatch.host_kernel(backend)
+    if kernel is None:
+        return None
+    flat = _host(draft_token_ids)
+    is_logits = target_probs is None
+    target = _plain(target_logits if is_logits else target_probs, _F32, torch.float32)
+    if (flat is None or target is None or (not is_logits and target_logits is not None)
+            or flat.dtype != _I64 or flat.ndim != 1 or len(target.shape) != 2):
+        return None
+    from_cu = cu_num_draft_tokens is not None
+    if from_cu == (num_draft_tokens is not None):
+        return None
+    layout = _host(cu_num_draft_tokens if from_cu else num_draft_tokens)
+    if layout is None or layout.dtype != _I64 or layout.ndim != 1 or (from_cu and layout.size < 1):
+        return None
+    b = layout.shape[0] - 1 if from_cu else layout.shape[0]
+    n, v = flat.shape[0], target.shape[1]
+    if v < 1 or not (max_num_draft_tokens is None or type(max_num_draft_tokens) is int):
+        return None
+    maps = kernel.ragged_layout(flat, layout, from_cu, target.shape[0], max_num_draft_tokens)
+    if maps is None:
+        return None
+    drafts, counts, rows, draft_rows = maps
+    bonus = _EMPTY_I64
+    if bonus_token_ids is not None:
+        bonus = _host(bonus_token_ids)
+        bonus = _c(bonus.reshape(-1) if bonus is not None and bonus.shape == (b, 1) else bonus,
+                   _I64, (b,))
+        if bonus is None:
+            return None
+    options: dict[str, Any] = {"check": validate, "counts": counts, "bonus": bonus,
+                               "rows": rows}
+    if draft_probs is not None and n > 0:  # with no drafts at all, q is never read
+        q = _c(_host(draft_probs), _F32, (n, v))
+        if q is None:
+            return None
+        options.update(q=q, qrows=draft_rows)
+    elif draft_probs is not None and _c(_host(draft_probs), _F32, (0, v)) is None:
+        return None
+    greedy = method == "greedy" or (type(temperature) in (float, int) and temperature == 0)
+    return _decide(kernel, target, is_logits, drafts, options, greedy, method, temperature,
+                   seed, seed_offset, uniforms, typical_eps, typical_alpha, draft_token_ids)
+
+
+def _decide(kernel: Any, target: Any, is_logits: bool, drafts: Any, options: dict[str, Any],
+            greedy: bool, method: str, temperature: Any, seed: Any, seed_offset: Any,
+            uniforms: Any, typical_eps: float, typical_alpha: float,
+            caller_drafts: Any) -> VerifyResult | None:
+    """The options both layouts share (greedy rows, temperatures, uniforms, typical), then the
+    kernel and the result."""
+    b, k = drafts.shape
+    if greedy:  # uniforms, if any, are checked for their layout; their values are never read
+        if uniforms is not None and _c(_host(uniforms), _F32, (b, k + 1)) is None:
+            return None
+        options.update(all_greedy=True, temp_scalar=0.0)
+    elif not _sampling_options(options, temperature, seed, seed_offset, uniforms, b, k):
+        return None
+    if method == "typical":
+        options.update(typical=True, eps=float(typical_eps), alpha=float(typical_alpha))
+    return _result(kernel.decide(target, is_logits, drafts, **options), caller_drafts)
+
+
+def _plain_options(method: str, backend: Any, validate: Any, typical_eps: Any,
+                   typical_alpha: Any) -> bool:
+    """The options every plain call has: a known method, a backend name, validate True or
+    False, and typical parameters the full front door would accept (it checks them on every
+    call, whatever the method)."""
+    if (validate is not True and validate is not False) or type(backend) is not str:
+        return False
+    if method not in _METHODS:
+        return False
+    if typical_eps is DEFAULT_TYPICAL.eps and typical_alpha is DEFAULT_TYPICAL.alpha:
+        return True
+    return all(type(x) in (float, int) and math.isfinite(x) and x >= 0
+               for x in (typical_eps, typical_alpha))
+
+
+def _result(out: tuple[Any, ...], caller_drafts: Any) -> VerifyResult | None:
+    """The kernel's arrays as the caller's array type (numpy in, numpy out), or None when the
+    kernel flagged an invalid value."""
     tokens, accepted, emitted, counts_out, ok = out
     if not ok:
         return None
-    if type(draft_token_ids) is np.ndarray:
+    if type(caller_drafts) is np.ndarray:
         return VerifyResult._of(tokens, accepted, emitted, counts_out)
     return VerifyResult._of(torch.from_numpy(tokens), torch.from_numpy(accepted),
                             torch.from_numpy(emitted), torch.from_numpy(counts_out))

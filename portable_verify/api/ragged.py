@@ -13,6 +13,7 @@ import numbers
 
 import torch
 
+from portable_verify.api import host_path
 from portable_verify.api.call import (
     CallLayout,
     CallOptions,
@@ -94,6 +95,12 @@ def verify_ragged(
     tensor([[ 1,  0, -1],
             [ 2, -1, -1]])
     """
+    fast = host_path.try_verify_ragged(
+        draft_token_ids, num_draft_tokens, cu_num_draft_tokens, target_logits, target_probs,
+        draft_probs, method, temperature, seed, seed_offset, uniforms, max_num_draft_tokens,
+        typical_eps, typical_alpha, bonus_token_ids, backend, validate)
+    if fast is not None:
+        return fast
     options = CallOptions(method, temperature, seed, seed_offset, uniforms,
                           TypicalParams(typical_eps, typical_alpha), bonus_token_ids, backend,
                           validate)

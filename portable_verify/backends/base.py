@@ -53,11 +53,14 @@ class HostKernel:
     ``ok`` is False when a checked value is invalid (the full front door then words it).
 
     ``decide(target, is_logits, drafts, **options)`` takes every form; ``greedy(target,
-    is_logits, drafts, counts, bonus, check)`` is the all-greedy call with fewer arguments.
+    is_logits, drafts, counts, bonus, check)`` is the all-greedy call with fewer arguments;
+    ``ragged_layout(flat, counts_or_cu, from_cu, n_target_rows, max_k)`` turns a flat call
+    into row maps (None when its counts do not describe it).
     """
 
     decide: Callable[..., Any]
     greedy: Callable[..., Any]
+    ragged_layout: Callable[..., Any]
 
 
 class ReadValueError(ValueError):

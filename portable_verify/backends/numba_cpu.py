@@ -123,7 +123,31 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     return tokens, accepted, emitted, out_counts, error == 0
 
 
-HOST_KERNEL = HostKernel(decide=decide_arrays, greedy=greedy_arrays)
+def ragged_arrays(flat: np.ndarray, layout: np.ndarray, from_cu: bool, n_target_rows: int,
+                  max_k: int | None
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """``(drafts [B, K], counts [B], rows [B, K+1], draft_rows [B, K])`` of a flat call with
+    ``K = max_k`` (default: the largest count), or None when its counts do not fit it."""
+    if flat.dtype != np.int64 or layout.dtype != np.int64:
+        return None
+    b = layout.shape[0] - 1 if from_cu else layout.shape[0]
+    if max_k is None:
+        sizes = np.diff(layout) if from_cu else layout
+        max_k = int(sizes.max()) if b > 0 else 0
+    if max_k < 0:
+        return None
+    drafts = np.empty((b, max_k), dtype=np.int64)
+    counts = np.empty(b, dtype=np.int64)
+    rows = np.empty((b, max_k + 1), dtype=np.int64)
+    draft_rows = np.empty((b, max_k), dtype=np.int64)
+    if not kernels.ragged_layout(np.ascontiguousarray(flat), np.ascontiguousarray(layout),
+                                 from_cu, n_target_rows, max_k, drafts, counts, rows,
+                                 draft_rows):
+        return None
+    return drafts, counts, rows, draft_rows
+
+
+HOST_KERNEL = HostKernel(decide=decide_arrays, greedy=greedy_arrays, ragged_layout=ragged_arrays)
 
 
 _AVAILABILITY = (

@@ -262,6 +262,35 @@ def greedy_at(target_address, rows, v_size, is_logits, drafts_address, b, k, cou
 
 
 @numba.njit(**_JIT)
+def ragged_layout(flat, layout, from_cu, n_target_rows, max_k, drafts, counts, rows, draft_rows):
+    """The padded view of a flat ("ragged") call, or False when its counts do not describe it.
+
+    ``layout`` holds per-request counts, or cumulative offsets from 0 (``from_cu``). Request
+    ``i`` owns drafts ``flat[c_i : c_i + n_i]`` and target rows ``c_i + i .. c_i + i + n_i``
+    (its bonus row last). Fills ``drafts [B, K]`` (0 past ``n_i``), ``counts [B]``, ``rows
+    [B, K+1]`` (position ``j > n_i`` maps to the bonus row) and ``draft_rows [B, K]`` (clamped
+    into ``flat``), as ``api/ragged.py`` builds them with torch.
+    """
+    b, k = drafts.shape
+    n = flat.shape[0]
+    if from_cu and layout[0] != 0:
+        return False
+    start = 0
+    for i in range(b):
+        count = layout[i + 1] - layout[i] if from_cu else layout[i]
+        if count < 0 or count > k:
+            return False
+        counts[i] = count
+        for j in range(k + 1):
+            rows[i, j] = start + i + min(j, count)
+        for j in range(k):
+            drafts[i, j] = flat[start + j] if j < count else 0
+            draft_rows[i, j] = min(max(start + j, 0), max(n - 1, 0))
+        start += count
+    return start == n and n_target_rows == n + b
+
+
+@numba.njit(**_JIT)
 def decide_at(target_address, n_rows, v_size, is_logits, rows, drafts_address, b, k, counts, q,
               qrows, temps, temp_scalar, all_greedy, typical, eps, alpha, explicit_u, seeds,
               seed_scalar, seed_mode, offsets, offset_scalar, bonus, check, atol, q_atol,

@@ -1,14 +1,20 @@
 """``portable-verify serve-check``: vLLM with and without the plugin, side by side, on CPU or GPU.
 
-Starts vLLM on the default local model (SmolLM2-135M) once without speculation, then with n-gram
-speculation (k=3) and with a draft model (the target's first layers, k=2), each once with the
-plugin and once with vLLM's own sampler (its broken-expansion repaired, so the comparison is
-fair). Reports tokens/s as ratios to the no-speculation engine, vLLM's own spec-decode counters
-(acceptance rate, mean acceptance length), whether greedy output is token-identical to no
-speculation, and the host time each verification decision took inside the engine (plugin and
-vLLM's own function timed alike), plus an engine-free, interleaved timing of the two
-decisions. Engines run one after another (each start costs 30-120 s), so engines are not
-interleaved; each workload is repeated and reported as median [min, max].
+Starts vLLM on the default local model (SmolLM2-135M) without speculation, with n-gram
+speculation (k=3) and with a draft model (the target's first layers, k=2), each speculative one
+once with the plugin and once with vLLM's own sampler (its broken expansion repaired, so the
+comparison is fair). Reports tokens/s as ratios to the no-speculation engine and plugin/vLLM
+ratios, vLLM's own spec-decode counters (acceptance rate, mean acceptance length), whether
+greedy output is token-identical to no speculation, and the host time each verification
+decision took inside the engine (plugin and vLLM's own function timed alike, after a warm-up),
+plus an engine-free, interleaved timing of the two decisions.
+
+Each engine start costs 30-120 s, so engines are not interleaved batch by batch; instead every
+repeat starts every engine once, and the order alternates (ABBA): even repeats run
+``no speculation, ngram + vllm, ngram + plugin, draft + vllm, draft + plugin``, odd repeats
+the reverse, so each engine sees both positions and slow drift of the machine's load cancels
+in the medians and in the per-repeat plugin/vLLM ratios (the two engines of a pair run
+back to back).
 """
 
 from __future__ import annotations
@@ -27,7 +33,11 @@ def add_parser(subparsers: Any) -> None:
         "serve-check",
         help="vLLM with and without the portable_verify plugin: speed, acceptance, identity")
     p.add_argument("--max-tokens", type=int, default=64, help="tokens generated per request")
-    p.add_argument("--repeats", type=int, default=3, help="timed repetitions of each workload")
+    p.add_argument("--repeats", type=int, default=4,
+                   help="engine starts per engine; the order reverses every other repeat "
+                        "(ABBA), so an even number balances it")
+    p.add_argument("--batches", type=int, default=1,
+                   help="timed batches of each workload per engine start (after a warm-up)")
     p.add_argument("--temperature", type=float, default=0.8,
                    help="temperature of the sampled workload (seeded per request)")
     p.add_argument("--methods", default="ngram,draft",
@@ -40,25 +50,47 @@ def add_parser(subparsers: Any) -> None:
     p.set_defaults(func=run)
 
 
-def _summary(gens: list[Any]) -> dict[str, Any]:
-    rates = [g.num_tokens / g.seconds for g in gens]
-    counters = {k: sum(g.counters[k] for g in gens) for k in gens[0].counters}
+def _spread(values: list[float]) -> dict[str, Any]:
+    """Median, min, max and the values themselves (in repeat order)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "values": values}
+
+
+def engine_order(names: list[str], repeats: int) -> list[list[str]]:
+    """The engines of each repeat: ``names`` in even repeats, reversed in odd ones (ABBA)."""
+    return [list(names) if r % 2 == 0 else list(reversed(names)) for r in range(repeats)]
+
+
+def _per_start(gens: dict[str, Any], kind: str) -> tuple[float, dict[str, int]]:
+    """tokens/s of one engine start (median over its batches) and its summed counters."""
+    batches = [g for name, g in gens.items() if name.startswith(kind)]
+    rate = statistics.median(g.num_tokens / g.seconds for g in batches)
+    return rate, {k: sum(g.counters[k] for g in batches) for k in batches[0].counters}
+
+
+def _acceptance(counters: dict[str, int]) -> dict[str, Any]:
     drafted, drafts = counters["num_draft_tokens"], counters["num_drafts"]
-    return {
-        "tokens_per_s": {"median": statistics.median(rates), "min": min(rates),
-                         "max": max(rates)},
-        "acceptance_rate": counters["num_accepted_tokens"] / drafted if drafted else None,
-        "mean_acceptance_length": (1 + counters["num_accepted_tokens"] / drafts
-                                   if drafts else None),
-        "counters": counters,
-    }
+    return {"acceptance_rate": counters["num_accepted_tokens"] / drafted if drafted else None,
+            "mean_acceptance_length": (1 + counters["num_accepted_tokens"] / drafts
+                                       if drafts else None),
+            "counters": counters}
+
+
+def _decision(state: dict[str, Any]) -> tuple[float, int, float, int]:
+    """Decision seconds and calls in the timed batches, then in the warm-up."""
+    warm = state.get("after_warmup") or {}
+    ws, wc = float(warm.get("decision_seconds", 0.0)), int(warm.get("decision_calls", 0))
+    return (float(state.get("decision_seconds", 0.0)) - ws,
+            int(state.get("decision_calls", 0)) - wc, ws, wc)
 
 
 def decision_cost(b: int = 8, k: int = 3, v: int = 49152, reps: int = 30) -> dict[str, Any]:
     """ms per verification step, the plugin's decision vs vLLM's ``rejection_sample``.
 
     Engine-free, one thread, the two interleaved call by call on the same inputs (vLLM's shapes
-    for SmolLM2: ``V = 49152``); medians with min and max. Greedy and sampled batches.
+    for SmolLM2: ``V = 49152``); medians with min and max, after one untimed first call of each
+    (reported as ``first_call_ms``: a JIT compile or cache load lands there). Greedy and sampled
+    batches.
     """
     import time
     import types
@@ -88,6 +120,11 @@ def decision_cost(b: int = 8, k: int = 3, v: int = 49152, reps: int = 30) -> dic
             md = types.SimpleNamespace(temperature=temperature, all_greedy=temperature is None,
                                        all_random=temperature is not None, generators={})
             times: dict[str, list[float]] = {"plugin": [], "vllm": []}
+            first: dict[str, float] = {}
+            for name, fn in (("plugin", ours), ("vllm", theirs)):  # untimed: JIT, caches
+                start = time.perf_counter()
+                fn(drafts, counts, k, cu, None, logits, bonus, md)
+                first[name] = (time.perf_counter() - start) * 1e3
             for _ in range(reps):
                 for name, fn in (("plugin", ours), ("vllm", theirs)):
                     start = time.perf_counter()
@@ -95,6 +132,8 @@ def decision_cost(b: int = 8, k: int = 3, v: int = 49152, reps: int = 30) -> dic
                     times[name].append((time.perf_counter() - start) * 1e3)
             out[kind] = {name: {"median_ms": statistics.median(t), "min_ms": min(t),
                                 "max_ms": max(t)} for name, t in times.items()}
+            for name, ms in first.items():
+                out[kind][name]["first_call_ms"] = ms
             out[kind]["ratio_plugin_to_vllm"] = (out[kind]["plugin"]["median_ms"]
                                                  / out[kind]["vllm"]["median_ms"])
     finally:
@@ -103,21 +142,28 @@ def decision_cost(b: int = 8, k: int = 3, v: int = 49152, reps: int = 30) -> dic
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Run every engine and return the figures (plain data)."""
+    """Run every engine ``args.repeats`` times in alternating order; return plain data."""
     from vllm import SamplingParams
 
     from portable_verify.bench import environment
     from portable_verify.integrations import models
     from portable_verify.integrations.vllm_v1 import engine
 
+    if args.repeats < 1 or args.batches < 1:
+        raise SystemExit("--repeats and --batches must be >= 1")
     target = models.converted_default_dir()
     prompts = engine.DEFAULT_PROMPTS
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     sampled = [SamplingParams(temperature=args.temperature, seed=i, max_tokens=args.max_tokens)
                for i in range(len(prompts))]
-    workloads = {f"{kind}{r}": (prompts, params) for r in range(args.repeats)
+    workloads = {f"{kind}{b}": (prompts, params) for b in range(args.batches)
                  for kind, params in (("greedy", greedy), ("sampled", sampled))}
-    specs: dict[str, dict[str, Any] | None] = {"none": None}
+    # Untimed, short: first-call costs (the plugin's JIT compile, vLLM's lazy set-up) land here.
+    warmup = {"warmup_greedy": (prompts, SamplingParams(temperature=0, max_tokens=8)),
+              "warmup_sampled": (prompts, [SamplingParams(temperature=args.temperature,
+                                                          seed=1000 + i, max_tokens=8)
+                                           for i in range(len(prompts))])}
+    specs: dict[str, dict[str, Any]] = {}
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if "ngram" in methods:
         specs["ngram"] = {"method": "ngram", "num_speculative_tokens": 3,
@@ -127,36 +173,71 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         draft = engine.layer_skip_draft_dir(target, layers, models.cache_dir())
         specs["draft"] = {"method": "draft_model", "model": str(draft),
                           "num_speculative_tokens": 2}
-    verifiers = ["plugin", "vllm"] + (["vllm-unrepaired"] if args.unrepaired else [])
-    runs: dict[str, Any] = {}
-    reference: list[list[int]] | None = None
+    verifiers = ["vllm", "plugin"] + (["vllm-unrepaired"] if args.unrepaired else [])
+    configs: dict[str, tuple[str, str, dict[str, Any] | None]] = {
+        "no speculation": ("none", "vllm", None)}
     for method, spec in specs.items():
-        for verifier in (["vllm"] if spec is None else verifiers):
-            name = "no speculation" if spec is None else f"{method} + {verifier}"
-            config = engine.EngineConfig(name, spec, _VERIFIERS[verifier])
-            gens, state = engine.run_engine(target, config, workloads)
-            greedy_ids = gens["greedy0"].token_ids
-            if spec is None:
-                reference = greedy_ids
-            runs[name] = {
-                "method": method, "verifier": verifier, "worker_state": state,
-                "greedy": _summary([g for k, g in gens.items() if k.startswith("greedy")]),
-                "sampled": _summary([g for k, g in gens.items() if k.startswith("sampled")]),
-                "greedy_identical": greedy_ids == reference,
-                # Host time of the verification decision inside the engine, per step.
-                "decision_ms_per_step": (1e3 * state["decision_seconds"] / state["decision_calls"]
-                                         if state.get("decision_calls") else None),
-            }
-    base = runs["no speculation"]
-    for run in runs.values():
+        for verifier in verifiers:
+            configs[f"{method} + {verifier}"] = (method, verifier, spec)
+    order = engine_order(list(configs), args.repeats)
+
+    starts: dict[str, list[dict[str, Any]]] = {name: [] for name in configs}
+    for r, names in enumerate(order):
+        for position, name in enumerate(names):
+            method, verifier, spec = configs[name]
+            gens, state = engine.run_engine(target, engine.EngineConfig(
+                name, spec, _VERIFIERS[verifier]), workloads, warmup=warmup)
+            start: dict[str, Any] = {"repeat": r, "position": position,
+                                     "greedy_ids": gens["greedy0"].token_ids}
+            for kind in ("greedy", "sampled"):
+                start[kind], start[f"{kind}_counters"] = _per_start(gens, kind)
+            start["decision"] = _decision(state)
+            start["worker_state"] = state
+            starts[name].append(start)
+
+    reference = starts["no speculation"][0]["greedy_ids"]
+    runs: dict[str, Any] = {}
+    for name, (method, verifier, _) in configs.items():
+        s = starts[name]
+        seconds, calls, warm_seconds, warm_calls = (
+            sum(x) for x in zip(*(st["decision"] for st in s), strict=True))
+        run: dict[str, Any] = {
+            "method": method, "verifier": verifier,
+            "positions": [st["position"] for st in s],
+            "worker_state": s[-1]["worker_state"],
+            "greedy_identical": all(st["greedy_ids"] == reference for st in s),
+            # Host time of the verification decision inside the engine, per step, in the timed
+            # batches (after the warm-up) and in the warm-up (first calls: JIT compile etc.).
+            "decision_ms_per_step": 1e3 * seconds / calls if calls else None,
+            "decision_warmup_ms_per_step": 1e3 * warm_seconds / warm_calls if warm_calls
+            else None,
+        }
         for kind in ("greedy", "sampled"):
-            run[kind]["speed_ratio"] = (run[kind]["tokens_per_s"]["median"]
-                                        / base[kind]["tokens_per_s"]["median"])
+            counters = {k: sum(st[f"{kind}_counters"][k] for st in s)
+                        for k in s[0][f"{kind}_counters"]}
+            base = starts["no speculation"]
+            run[kind] = {"tokens_per_s": _spread([st[kind] for st in s]),
+                         # ratio to no speculation within each repeat
+                         "speed_ratio": _spread([st[kind] / b[kind]
+                                                 for st, b in zip(s, base, strict=True)]),
+                         **_acceptance(counters)}
+        runs[name] = run
+
+    pairs: dict[str, Any] = {}
+    for method in specs:
+        for verifier in verifiers[:1] + verifiers[2:]:
+            ours, theirs = starts[f"{method} + plugin"], starts[f"{method} + {verifier}"]
+            pairs[f"{method}: plugin / {verifier}"] = {
+                "first": ["plugin" if o["position"] < t["position"] else verifier
+                          for o, t in zip(ours, theirs, strict=True)],
+                **{kind: _spread([o[kind] / t[kind]
+                                  for o, t in zip(ours, theirs, strict=True)])
+                   for kind in ("greedy", "sampled")}}
     return {"machine": environment.machine(), "cpu_flags": _cpu_flags(),
             "decision_cost": decision_cost(),
             "versions": environment.library_versions(), "max_tokens": args.max_tokens,
-            "repeats": args.repeats, "temperature": args.temperature,
-            "num_prompts": len(prompts), "runs": runs}
+            "repeats": args.repeats, "batches": args.batches, "temperature": args.temperature,
+            "num_prompts": len(prompts), "order": order, "runs": runs, "pairs": pairs}
 
 
 def _cpu_flags() -> list[str]:
@@ -167,6 +248,10 @@ def _cpu_flags() -> list[str]:
     except OSError:
         return []
     return sorted(f for f in flags if f.startswith(("avx", "amx", "fma")))
+
+
+def _fmt(s: dict[str, Any], digits: int = 2) -> str:
+    return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}, {s['max']:.{digits}f}]"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -184,16 +269,16 @@ def run(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     table = Table(title=f"vLLM serve-check ({data['num_prompts']} requests x "
-                        f"{data['max_tokens']} tokens; ratios to no speculation; "
-                        f"CPU flags {' '.join(data['cpu_flags']) or '-'})",
+                        f"{data['max_tokens']} tokens; {data['repeats']} repeats, order "
+                        f"alternating; speed = ratio to no speculation in the same repeat, "
+                        f"median [min, max]; CPU flags {' '.join(data['cpu_flags']) or '-'})",
                   title_justify="left")
     for col in ("engine", "greedy speed", "greedy accept", "identical", "sampled speed",
                 "sampled accept", "decision ms/step"):
         table.add_column(col)
 
     def speed(s: dict[str, Any]) -> str:
-        t = s["tokens_per_s"]
-        return f"{s['speed_ratio']:.2f}x ({t['median']:.0f} [{t['min']:.0f}, {t['max']:.0f}] tok/s)"
+        return f"{_fmt(s['speed_ratio'])} ({_fmt(s['tokens_per_s'], 0)} tok/s)"
 
     def accept(s: dict[str, Any]) -> str:
         rate = s["acceptance_rate"]
@@ -207,11 +292,24 @@ def run(args: argparse.Namespace) -> int:
                       else f"{r['decision_ms_per_step']:.2f}")
     console = Console()
     console.print(table)
+    pairs = Table(title="plugin / vLLM tokens/s, per repeat (engines of a pair back to back)",
+                  title_justify="left")
+    for col in ("pair", "first", "greedy per repeat", "greedy median [min, max]",
+                "sampled per repeat", "sampled median [min, max]"):
+        pairs.add_column(col)
+    for name, p in data["pairs"].items():
+        pairs.add_row(name, " ".join(p["first"]),
+                      " ".join(f"{v:.2f}" for v in p["greedy"]["values"]), _fmt(p["greedy"]),
+                      " ".join(f"{v:.2f}" for v in p["sampled"]["values"]), _fmt(p["sampled"]))
+    console.print(pairs)
+    for r, names in enumerate(data["order"]):
+        console.print(f"order, repeat {r}: {', '.join(names)}")
     cost = data["decision_cost"]
     for kind in ("greedy", "sampled"):
         c = cost[kind]
         console.print(f"decision only ({kind}, B={cost['shape']['B']} K={cost['shape']['K']} "
                       f"V={cost['shape']['V']}, 1 thread): plugin "
                       f"{c['plugin']['median_ms']:.2f} ms, vLLM {c['vllm']['median_ms']:.2f} ms "
-                      f"(ratio {c['ratio_plugin_to_vllm']:.2f})")
+                      f"(ratio {c['ratio_plugin_to_vllm']:.2f}; first calls "
+                      f"{c['plugin']['first_call_ms']:.0f} / {c['vllm']['first_call_ms']:.0f} ms)")
     return 0

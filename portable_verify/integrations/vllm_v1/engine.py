@@ -196,25 +196,41 @@ def worker_plugin_state(worker: Any = None) -> dict[str, Any]:
     }
 
 
+def _worker_state(llm: Any) -> dict[str, Any]:
+    try:
+        return llm.collective_rpc(worker_plugin_state)[0]
+    except Exception as exc:  # an engine build without callable RPCs
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def run_engine(model: Path, config: EngineConfig, workloads: dict[str, tuple[list[str], Any]],
-               max_model_len: int = 512) -> tuple[dict[str, Generation], dict[str, Any]]:
+               max_model_len: int = 512,
+               warmup: dict[str, tuple[list[str], Any]] | None = None,
+               ) -> tuple[dict[str, Generation], dict[str, Any]]:
     """Start one engine, run each named workload in order, stop it.
 
     Returns the generations by name and what the plugin installed in the engine's workers
     (read through ``collective_rpc``; ``{"error": ...}`` where the engine refuses the call).
-    One engine lives at a time, so several configurations fit in a small machine's memory.
+    ``warmup`` workloads, if any, run first and are not returned; the workers' state after
+    them is returned as ``state["after_warmup"]`` (so first-call costs, e.g. a JIT compile,
+    can be told apart from the timed workloads'). One engine lives at a time, so several
+    configurations fit in a small machine's memory.
     """
     saved = dict(os.environ)
     os.environ.setdefault("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # for worker_plugin_state
     try:
         llm = start_engine(model, config, max_model_len)
         try:
+            before = None
+            if warmup:
+                for prompts, params in warmup.values():
+                    generate(llm, prompts, params)
+                before = _worker_state(llm)
             results = {name: generate(llm, prompts, params)
                        for name, (prompts, params) in workloads.items()}
-            try:
-                state = llm.collective_rpc(worker_plugin_state)[0]
-            except Exception as exc:  # an engine build without callable RPCs
-                state = {"error": f"{type(exc).__name__}: {exc}"}
+            state = _worker_state(llm)
+            if before is not None:
+                state["after_warmup"] = before
         finally:
             stop_engine(llm)
     finally:  # the plugin switch must not leak into whatever this process does next
