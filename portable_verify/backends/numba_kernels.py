@@ -101,11 +101,13 @@ def _first_at_least(w, level):
     return _argmax(w)
 
 
-@numba.njit(fastmath={"reassoc"}, inline="always", **_JIT)
-def _block_sum(w, start, stop):
+@numba.njit(fastmath={"reassoc"}, **_JIT)
+def _block_sum(block):
+    """float64 sum of a float32 slice, reassociated so that it vectorises (not inlined by numba:
+    its fast-math flag would be lost in a caller compiled without it)."""
     s = 0.0
-    for j in range(start, stop):
-        s += np.float64(w[j])
+    for j in range(block.shape[0]):
+        s += np.float64(block[j])
     return s
 
 
@@ -122,7 +124,7 @@ def draw(w, v):
     sums = np.empty(n_blocks, dtype=np.float64)
     total = 0.0
     for b in range(n_blocks):
-        sums[b] = _block_sum(w, b * DRAW_BLOCK, min(size, (b + 1) * DRAW_BLOCK))
+        sums[b] = _block_sum(w[b * DRAW_BLOCK:min(size, (b + 1) * DRAW_BLOCK)])
         total += sums[b]
     threshold = np.float64(v) * total
     c = 0.0
