@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.backends.base import Availability, Backend, ReadValueError
+from portable_verify.backends.base import Availability, Backend, HostKernel, ReadValueError
 from portable_verify.core.types import VerifyInputs
 
 ENV_BACKEND = "PORTABLE_VERIFY_BACKEND"
@@ -40,7 +40,7 @@ log = logging.getLogger("portable_verify")
 
 _REGISTRY: dict[str, Callable[[str | None], Backend]] = {}
 _CACHE: dict[str, Backend] = {}
-_HOST_KERNELS: dict[tuple[str, str], Callable[..., Any] | None] = {}
+_HOST_KERNELS: dict[tuple[str, Any], HostKernel | None] = {}
 
 
 def register_backend(name: str, factory: Callable[[str | None], Backend]) -> None:
@@ -202,7 +202,7 @@ def _override_key() -> Any:
     return _ENVIRON_DATA.get(_ENV_KEY)
 
 
-def host_kernel(requested: str) -> Callable[..., Any] | None:
+def host_kernel(requested: str) -> HostKernel | None:
     """The host kernel of the backend ``requested`` selects for CPU inputs, or None (also for
     a name that would not resolve: the full front door then says why). Cached per name and
     ``PORTABLE_VERIFY_BACKEND``: this runs on every CPU call."""

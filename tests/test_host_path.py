@@ -8,6 +8,9 @@ kernel only flags is worded by the torch backend.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import numpy as np
 import pytest
 import torch
@@ -34,7 +37,7 @@ def full_door_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     seen: list[str] = []
     original = dispatch.run
 
-    def spy(backend: object, inputs: object) -> object:
+    def spy(backend: Any, inputs: Any) -> Any:
         seen.append(getattr(backend, "qualified_name", backend))
         return original(backend, inputs)
 
@@ -70,7 +73,7 @@ def test_plain_calls_take_the_host_path_and_agree_with_the_reference(
                .transpose(0, 1)},  # a strided view
 ])
 def test_other_forms_take_the_full_front_door_with_the_same_answer(
-        change: object, full_door_calls: list[str]) -> None:
+        change: Callable[[dict], dict], full_door_calls: list[str]) -> None:
     case = _case(1)
     want = pv.verify(**case, temperature=0.8, seed=9)
     assert full_door_calls == []
@@ -187,7 +190,7 @@ def test_plain_ragged_calls_take_the_host_path_and_agree_with_the_reference(
     (lambda c: {**c, "max_num_draft_tokens": 2}, "smaller than the largest draft count"),
     (lambda c: {**c, "target_logits": c["target_logits"][:-1]}, "must have N\\+B"),
 ])
-def test_a_bad_ragged_layout_is_worded_by_the_full_front_door(change: object,
+def test_a_bad_ragged_layout_is_worded_by_the_full_front_door(change: Callable[[dict], dict],
                                                              message: str) -> None:
     with pytest.raises(ValueError, match=message):
         pv.verify_ragged(**change(_ragged()), seed=1)

@@ -113,9 +113,8 @@ class Backend(ABC):
         """
 
     def host_kernel(self) -> HostKernel | None:
-        """A function that decides straight from host numpy arrays, for the lean CPU front
-        door (``api/host_path.py``), or None: only backends with a compiled host kernel have
-        one."""
+        """Entry points that decide straight from host arrays, for the lean CPU front door
+        (``api/host_path.py``), or None: only a backend with a compiled host kernel has them."""
         return None
 
     def __repr__(self) -> str:
