@@ -7,7 +7,14 @@ import pytest
 
 pytest.importorskip("numba")
 
-from portable_verify.backends.numba_math import exp_sum, exp_sum_dot, row_max, row_stats
+from portable_verify.backends.numba_math import (
+    exp_sum,
+    exp_sum_dot,
+    residual,
+    residual_stats,
+    row_max,
+    row_stats,
+)
 
 F32 = np.float32
 NAN_BITS = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFFFFFFFF], np.uint32).view(F32)
@@ -250,3 +257,43 @@ def test_row_stats_signed_zero_and_empty() -> None:
     big = np.finfo(F32).max
     assert row_stats(np.array([big, -big, 1e-45], F32))[0] == -big
     assert row_stats(np.array([], F32)) == (np.inf, False, 0.0)
+
+
+@pytest.mark.parametrize("n", [1, 7, 16, 17, 32000])
+def test_residual_and_its_distribution_flags(n: int) -> None:
+    """``residual_stats`` writes ``max(p - q, 0)`` like ``residual`` and flags a negative or NaN
+    entry in either row (``-0.0`` is fine); totals are float32 sums, good to ~1e-6."""
+    g = np.random.default_rng(n)
+    p = g.random(n, dtype=np.float32)
+    q = g.random(n, dtype=np.float32)
+    p /= p.sum()
+    q /= q.sum()
+    out, plain = np.empty_like(p), np.empty_like(p)
+    bad_p, total_p, bad_q, total_q = residual_stats(p, q, out)
+    residual(p, 1.0, q, plain)
+    assert np.array_equal(out, np.maximum(p - q, np.float32(0))) and np.array_equal(out, plain)
+    assert not bad_p and not bad_q
+    assert total_p == pytest.approx(float(p.astype(np.float64).sum()), rel=1e-5)
+    assert total_q == pytest.approx(float(q.astype(np.float64).sum()), rel=1e-5)
+    nan_neg = np.array([0xFFC00000], dtype=np.uint32).view(np.float32)[0]
+    for value, flagged in ((np.nan, True), (nan_neg, True), (-1e-30, True), (-np.inf, True),
+                           (-0.0, False), (0.0, False), (np.inf, False)):
+        for at in {0, n // 2, n - 1}:
+            for which in ("p", "q"):
+                pp, qq = p.copy(), q.copy()
+                (pp if which == "p" else qq)[at] = value
+                got = residual_stats(pp, qq, out)
+                flag = got[0] if which == "p" else got[2]
+                other = got[2] if which == "p" else got[0]
+                assert flag is flagged and other is False, (value, at, which)
+                if value == np.inf:  # not a flag: the total says it
+                    assert (got[1] if which == "p" else got[3]) == np.inf
+
+
+def test_residual_scales_exponentials() -> None:
+    e = np.array([1.0, 0.5, 0.25, 0.0], dtype=np.float32)
+    q = np.array([0.1, 0.5, 0.0, 0.4], dtype=np.float32)
+    out = np.empty_like(e)
+    residual(e, 1.75, q, out)
+    want = np.maximum(e / np.float32(1.75) - q, np.float32(0))
+    assert np.array_equal(out, want)

@@ -19,7 +19,14 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from portable_verify.backends.numba_math import exp_sum, exp_sum_dot, row_max, row_stats
+from portable_verify.backends.numba_math import (
+    exp_sum,
+    exp_sum_dot,
+    residual,
+    residual_stats,
+    row_max,
+    row_stats,
+)
 
 _JIT = {"nogil": True, "cache": True}
 
@@ -119,13 +126,46 @@ def draw(w, v):
     Prefixes are float64 as docs/semantics.md prescribes; the pick differs from a single
     sequential scan only where the threshold lies within float64 rounding of a prefix.
     """
+    sums, total, _, _ = _block_sums(w, False)
+    return _pick(w, sums, total, v), total
+
+
+@numba.njit(**_JIT)
+def draw_checked(w, v, atol):
+    """:func:`draw`, and whether ``w`` is not a distribution (a negative or NaN entry, or a
+    total not within ``atol`` of 1), found on the draw's own pass over the row."""
+    sums, total, low, has_nan = _block_sums(w, True)
+    bad = not (low >= 0 and not has_nan and total < np.inf and abs(total - 1) <= atol)
+    return _pick(w, sums, total, v), bad
+
+
+@numba.njit(inline="always", **_JIT)
+def _block_sums(w, with_stats):
+    """Per-block float64 sums and their total; with ``with_stats`` also the row's minimum and
+    whether it holds a NaN (:func:`numba_math.row_stats` per block: the same pass)."""
     size = w.shape[0]
     n_blocks = (size + DRAW_BLOCK - 1) // DRAW_BLOCK
     sums = np.empty(n_blocks, dtype=np.float64)
     total = 0.0
+    low = np.float32(np.inf)
+    has_nan = False
     for b in range(n_blocks):
-        sums[b] = _block_sum(w[b * DRAW_BLOCK:min(size, (b + 1) * DRAW_BLOCK)])
+        block = w[b * DRAW_BLOCK:min(size, (b + 1) * DRAW_BLOCK)]
+        if with_stats:
+            block_low, block_nan, sums[b] = row_stats(block)
+            low = min(low, block_low)
+            has_nan = has_nan or block_nan
+        else:
+            sums[b] = _block_sum(block)
         total += sums[b]
+    return sums, total, low, has_nan
+
+
+@numba.njit(inline="always", **_JIT)
+def _pick(w, sums, total, v):
+    """The draw's second level: the crossing block from ``sums``, then a scan inside it."""
+    size = w.shape[0]
+    n_blocks = sums.shape[0]
     threshold = np.float64(v) * total
     c = 0.0
     for b in range(n_blocks):
@@ -137,11 +177,11 @@ def draw(w, v):
                 if w[j] > 0:
                     last_positive = j
                 if c >= threshold:
-                    return j, total
+                    return j
             # Rounding left the block's own sum a hair under the crossing it showed.
-            return (last_positive if last_positive >= 0 else size - 1), total
+            return last_positive if last_positive >= 0 else size - 1
         c += sums[b]
-    return size - 1, total  # NaN weights (validate=False): an id in range
+    return size - 1  # NaN weights (validate=False): an id in range
 
 
 @numba.njit(inline="always", **_JIT)
@@ -329,7 +369,7 @@ def decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar
     n_rows = target.shape[0]
     has_q = q.shape[0] > 0
     scratch = np.empty(v_size, dtype=np.float32)
-    residual = np.empty(v_size, dtype=np.float32)
+    scratch_residual = np.empty(v_size, dtype=np.float32)
     for i in range(b):
         n, n_raw, out_counts[i], bad = _count(counts, drafts, i, check)
         t = temp_scalar if temps.shape[0] == 0 else np.float64(temps[i])
@@ -423,35 +463,43 @@ def decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar
                     s = exp_sum(row, m, tf, scratch)
                 p = scratch
             else:
-                p = row
-                if check and not (typical and rejected) and _not_a_distribution(row, atol):
-                    error = ERROR_VALUE
+                p = row  # checked as a distribution on the pass that draws from it (below)
             if typical and rejected:
                 # argmax p: for logits the first exponential equal to exp(0) = 1
                 final = _first_at_least(p, np.float32(1.0)) if is_logits else _argmax(p)
             elif not rejected:
-                final = draw(p, v)[0]
+                if check and not is_logits:
+                    final, bad = draw_checked(p, v, atol)
+                    if bad:
+                        error = ERROR_VALUE
+                else:
+                    final = draw(p, v)[0]
             else:
                 x = drafts[i, accepted]
                 in_vocab = x >= 0 and x < v_size
                 if has_q:
                     qr = (i * k + accepted) if padded else _clamp(qrows[i, accepted], q.shape[0])
                     qrow = q[qr]
-                    if check and _not_a_distribution(qrow, q_atol):
-                        error = ERROR_VALUE
-                    sf = np.float32(s)
-                    for c in range(v_size):
-                        pc = np.float32(p[c] / sf) if is_logits else p[c]
-                        diff = pc - qrow[c]
-                        residual[c] = diff if diff > 0 else np.float32(0.0)
-                    final, total = draw(residual, v)
+                    if check and not is_logits:  # both rows checked on the residual's pass
+                        bad_p, total_p, bad_q, total_q = residual_stats(p, qrow,
+                                                                        scratch_residual)
+                        if (bad_p or bad_q or not abs(total_p - 1) <= atol
+                                or not abs(total_q - 1) <= q_atol):
+                            error = ERROR_VALUE
+                    else:
+                        if check and _not_a_distribution(qrow, q_atol):
+                            error = ERROR_VALUE
+                        residual(p, s if is_logits else 1.0, qrow, scratch_residual)
+                    final, total = draw(scratch_residual, v)
                     if not total > 0:
                         final = draw(p, v)[0]
                 else:
-                    residual[:] = p
+                    if check and not is_logits and _not_a_distribution(p, atol):
+                        error = ERROR_VALUE
+                    scratch_residual[:] = p
                     if in_vocab:
-                        residual[x] = 0.0
-                    final, total = draw(residual, v)
+                        scratch_residual[x] = 0.0
+                    final, total = draw(scratch_residual, v)
                     if not total > 0:
                         final = x if in_vocab else draw(p, v)[0]
         if use_bonus and accepted == n_raw:
