@@ -27,15 +27,19 @@ from portable_verify.backends.numba_math import (
     row_max,
     row_stats,
 )
+from portable_verify.core import rng
 
 _JIT = {"nogil": True, "cache": True}
 
-MASK32 = np.uint64(0xFFFFFFFF)
-SEED_SALT = np.uint64(0x243F6A88)
-COUNTER_SALT = np.uint64(0x85A308D3)
-MIX_C1 = np.uint64(0x7FEB352D)
-MIX_C2 = np.uint64(0x846CA68B)
-UNIFORM_SCALE = np.float32(2.0**-24)
+# The counter hash of core/rng.py, as uint64 constants (its one source of truth).
+MASK32 = np.uint64(rng.MASK32)
+SEED_SALT = np.uint64(rng.SEED_SALT)
+COUNTER_SALT = np.uint64(rng.COUNTER_SALT)
+MIX_C1 = np.uint64(rng.MIX_C1)
+MIX_C2 = np.uint64(rng.MIX_C2)
+UNIFORM_SHIFT = np.uint64(32 - rng.UNIFORM_BITS)
+UNIFORM_SCALE = np.float32(rng.UNIFORM_SCALE)
+DRAW_COUNTER = rng.DRAW_COUNTER  # the draw's counter; acceptance at position j uses 2j
 DRAW_BLOCK = 256
 
 EMPTY_ROWS = np.empty((0, 0), dtype=np.int64)
@@ -69,7 +73,7 @@ def _request_key(seed, offset):
 @numba.njit(inline="always", **_JIT)
 def _uniform(key, counter):
     """core/rng.uniform_bits as the float32 uniform in (0, 1]."""
-    bits = _mix32(_mix32(key ^ np.uint64(counter)) ^ COUNTER_SALT) >> np.uint64(8)
+    bits = _mix32(_mix32(key ^ np.uint64(counter)) ^ COUNTER_SALT) >> UNIFORM_SHIFT
     return np.float32(bits + np.uint64(1)) * UNIFORM_SCALE
 
 
@@ -452,7 +456,7 @@ def decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar
                 out_emitted[i] = accepted + 1
                 _emit(out_tokens, drafts, i, accepted, final)
                 continue
-            v = explicit_u[i, k] if explicit_u.shape[0] > 0 else _uniform(key, 1)
+            v = explicit_u[i, k] if explicit_u.shape[0] > 0 else _uniform(key, DRAW_COUNTER)
             r = (i * (k + 1) + accepted) if padded else _clamp(rows[i, accepted], n_rows)
             row = target[r]
             if is_logits:

@@ -18,10 +18,10 @@ UNIFORM_BITS = 24
 UNIFORM_SCALE = 2.0**-UNIFORM_BITS
 DRAW_COUNTER = 1  # the recovered/bonus draw; acceptance uniforms use even counters 2j
 
-_SEED_SALT = 0x243F6A88
-_COUNTER_SALT = 0x85A308D3
-_MIX_C1 = 0x7FEB352D
-_MIX_C2 = 0x846CA68B
+SEED_SALT = 0x243F6A88
+COUNTER_SALT = 0x85A308D3
+MIX_C1 = 0x7FEB352D
+MIX_C2 = 0x846CA68B
 
 
 def mul32(x: Any, c: int) -> Any:
@@ -46,15 +46,15 @@ def mul32_native(x: Any, c: int) -> Any:
 def mix32(x: Any, mul: Callable[[Any, int], Any] = mul32) -> Any:
     """A 32-bit avalanche finaliser (xorshift-multiply); input and output in ``[0, 2**32)``."""
     x = x ^ (x >> 16)
-    x = mul(x, _MIX_C1)
+    x = mul(x, MIX_C1)
     x = x ^ (x >> 15)
-    x = mul(x, _MIX_C2)
+    x = mul(x, MIX_C2)
     return x ^ (x >> 16)
 
 
 def request_keys(seeds: Any, offsets: Any, mul: Callable[[Any, int], Any] = mul32) -> Any:
     """Per-request 32-bit keys from 64-bit seeds and offsets (arrays of the same shape)."""
-    k = mix32(((seeds >> 32) & MASK32) ^ _SEED_SALT, mul)
+    k = mix32(((seeds >> 32) & MASK32) ^ SEED_SALT, mul)
     k = mix32((seeds & MASK32) ^ k, mul)
     k = mix32(((offsets >> 32) & MASK32) ^ k, mul)
     return mix32((offsets & MASK32) ^ k, mul)
@@ -62,14 +62,14 @@ def request_keys(seeds: Any, offsets: Any, mul: Callable[[Any, int], Any] = mul3
 
 def uniform_bits(keys: Any, counters: Any, mul: Callable[[Any, int], Any] = mul32) -> Any:
     """24-bit integers for (key, counter) pairs; broadcasting follows the array library."""
-    return mix32(mix32(keys ^ counters, mul) ^ _COUNTER_SALT, mul) >> (32 - UNIFORM_BITS)
+    return mix32(mix32(keys ^ counters, mul) ^ COUNTER_SALT, mul) >> (32 - UNIFORM_BITS)
 
 
 def row_seeds(seed: int, rows: Any) -> Any:
     """Per-row int64 seeds (63-bit) from one Python int seed and the row indices (int64 array)."""
     s = int(seed)
-    k = mix32(mix32(((s >> 32) & MASK32) ^ _SEED_SALT) ^ (s & MASK32))
-    return (mix32(rows ^ k) << 31) ^ mix32(rows ^ (k ^ _COUNTER_SALT))
+    k = mix32(mix32(((s >> 32) & MASK32) ^ SEED_SALT) ^ (s & MASK32))
+    return (mix32(rows ^ k) << 31) ^ mix32(rows ^ (k ^ COUNTER_SALT))
 
 
 def counters_for(num_cols: int, arange: Any) -> Any:
@@ -94,11 +94,11 @@ def uniforms_numpy(seeds: Any, offsets: Any, num_cols: int) -> Any:
     lo, hi = (0, 1) if sys.byteorder == "little" else (1, 0)
     s = np.ascontiguousarray(seeds, dtype=np.int64).view(np.uint32).reshape(-1, 2)
     o = np.ascontiguousarray(offsets, dtype=np.int64).view(np.uint32).reshape(-1, 2)
-    keys = mix32(s[:, hi] ^ np.uint32(_SEED_SALT), mul32_native)
+    keys = mix32(s[:, hi] ^ np.uint32(SEED_SALT), mul32_native)
     for word in (s[:, lo], o[:, hi], o[:, lo]):
         keys = mix32(word ^ keys, mul32_native)
     ctr = counters_for(num_cols, np.arange(num_cols, dtype=np.int64)).astype(np.uint32)
-    bits = mix32(mix32(keys[:, None] ^ ctr, mul32_native) ^ np.uint32(_COUNTER_SALT),
+    bits = mix32(mix32(keys[:, None] ^ ctr, mul32_native) ^ np.uint32(COUNTER_SALT),
                  mul32_native) >> (32 - UNIFORM_BITS)
     return (bits + 1).astype(np.float32) * np.float32(UNIFORM_SCALE)
 
