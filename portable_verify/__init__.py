@@ -7,12 +7,15 @@
 
 from portable_verify.api.padded import verify
 from portable_verify.api.ragged import verify_ragged
+from portable_verify.api.rows import verify_rows
 from portable_verify.core.metrics import MetricsAccumulator, compute_metrics, metrics_to_python
 from portable_verify.core.types import (
     INVALID_DRAFT_TOKEN_ID,
     PLACEHOLDER_TOKEN_ID,
     TypicalParams,
+    VerifyCall,
     VerifyInputs,
+    VerifyOptions,
     VerifyResult,
 )
 from portable_verify.dispatch import (
@@ -28,7 +31,9 @@ __all__ = [
     "PLACEHOLDER_TOKEN_ID",
     "MetricsAccumulator",
     "TypicalParams",
+    "VerifyCall",
     "VerifyInputs",
+    "VerifyOptions",
     "VerifyResult",
     "available_backends",
     "backend_status",
@@ -39,5 +44,6 @@ __all__ = [
     "unregister_backend",
     "verify",
     "verify_ragged",
+    "verify_rows",
 ]
 __version__ = "0.1.0"

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.backends.base import Availability, Backend, HostKernel, ReadValueError
+from portable_verify.backends.base import Availability, Backend, ReadValueError
 from portable_verify.core.types import VerifyInputs
 
 ENV_BACKEND = "PORTABLE_VERIFY_BACKEND"
@@ -40,7 +40,7 @@ log = logging.getLogger("portable_verify")
 
 _REGISTRY: dict[str, Callable[[str | None], Backend]] = {}
 _CACHE: dict[str, Backend] = {}
-_HOST_KERNELS: dict[tuple[str, Any], HostKernel | None] = {}
+_SELECTED: dict[tuple[str, str, Any], Backend] = {}
 
 
 def register_backend(name: str, factory: Callable[[str | None], Backend]) -> None:
@@ -58,7 +58,7 @@ def unregister_backend(name: str) -> None:
 
 
 def _forget(name: str) -> None:
-    _HOST_KERNELS.clear()
+    _SELECTED.clear()
     for key in [k for k in _CACHE if k.split(":", 1)[0] == name]:
         del _CACHE[key]
 
@@ -164,14 +164,26 @@ def select_backend(requested: str, device_type: str) -> Backend:
 
     ``"auto"`` honours ``PORTABLE_VERIFY_BACKEND`` first, then the preference list of the
     device type (:data:`AUTO_PREFERENCE`); anything else names one backend, which must run.
+    The answer is cached per name, device type and ``PORTABLE_VERIFY_BACKEND`` (this runs on
+    every call; registering a backend forgets it).
     """
+    if not isinstance(requested, str):
+        raise TypeError(f"backend must be a backend name (str), got {requested!r}")
+    key = (requested, device_type, _override_key())
+    backend = _SELECTED.get(key)
+    if backend is None:
+        backend = _SELECTED[key] = _select(requested, device_type)
+    return backend
+
+
+def _select(requested: str, device_type: str) -> Backend:
     if not isinstance(requested, str):
         raise TypeError(f"backend must be a backend name (str), got {requested!r}")
     requested = ALIASES.get(requested, requested)
     if requested == "auto":
         override = os.environ.get(ENV_BACKEND, "").strip()
         if override and override != "auto":
-            return select_backend(override, device_type)
+            return _select(override, device_type)
         requested = f"auto:{device_type}"
     if requested.startswith("auto:"):
         wanted = requested.partition(":")[2]
@@ -200,19 +212,6 @@ def _override_key() -> Any:
     if _ENVIRON_DATA is None:
         return os.environ.get(ENV_BACKEND)
     return _ENVIRON_DATA.get(_ENV_KEY)
-
-
-def host_kernel(requested: str) -> HostKernel | None:
-    """The host kernel of the backend ``requested`` selects for CPU inputs, or None (also for
-    a name that would not resolve: the full front door then says why). Cached per name and
-    ``PORTABLE_VERIFY_BACKEND``: this runs on every CPU call."""
-    key = (requested, _override_key())
-    if key not in _HOST_KERNELS:
-        try:
-            _HOST_KERNELS[key] = select_backend(requested, "cpu").host_kernel()
-        except (ValueError, TypeError, RuntimeError):
-            return None
-    return _HOST_KERNELS[key]
 
 
 def numpy_inputs(inputs: VerifyInputs) -> VerifyInputs:

@@ -134,3 +134,31 @@ def test_the_checker_finds_the_loop_this_layout_removed() -> None:
     assert _layer(f"{PACKAGE}.dispatch") > _layer(f"{PACKAGE}.core.api")
     tree = ast.parse("def f():\n    from portable_verify import dispatch\n")
     assert any(isinstance(n, ast.ImportFrom) for n in ast.walk(tree))  # function bodies are read
+
+
+USERS = ("integrations", "bench", "e2e", "cli")
+"""Layers that use the library as its users do: through the public names (``portable_verify``,
+``core/``, ``dispatch``), never the front doors' or backends' modules themselves."""
+
+
+def private_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """Edges from a user layer into ``api/`` or ``backends/``."""
+    found = []
+    for module, imported in graph.items():
+        parts = module.split(".")
+        if len(parts) < 2 or parts[1] not in USERS:
+            continue
+        found += [(module, m) for m in sorted(imported)
+                  if m.split(".")[1:2] in (["api"], ["backends"])]
+    return found
+
+
+def test_users_import_only_public_names() -> None:
+    assert private_imports(GRAPH) == []
+
+
+def test_the_public_names_rule_sees_an_adapter_reaching_into_the_tail() -> None:
+    """Negative control: the vLLM adapter of the previous release built ``api.call`` values."""
+    old = {f"{PACKAGE}.integrations.vllm_v1.sampler": {f"{PACKAGE}.api.call"}}
+    assert private_imports(old) == [(f"{PACKAGE}.integrations.vllm_v1.sampler",
+                                     f"{PACKAGE}.api.call")]

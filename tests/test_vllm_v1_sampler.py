@@ -277,7 +277,8 @@ def test_no_copy_of_the_target_and_no_host_read(vllm_sample) -> None:
     assert control.big_outputs, "the census must see a full-size allocation"
     full = torch.cat([logits, logits[:b]])  # any [N+B, V] rows will do
     with _Census(full) as control:
-        pv.verify_ragged(drafts.long().clamp(min=0), num_draft_tokens=torch.tensor(counts),
+        pv.verify_ragged(drafts.long().clamp(min=0),  # int32 counts: the torch path
+                         num_draft_tokens=torch.tensor(counts, dtype=torch.int32),
                          target_logits=full, validate=False, backend="torch:cpu")
     assert control.host_reads >= 1, "the census must see a host read"
 

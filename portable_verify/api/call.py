@@ -1,26 +1,25 @@
-"""The tail every front door shares: flat rows plus row maps in, a :class:`VerifyResult` out.
+"""The tail every front door shares: a :class:`VerifyCall` in, a :class:`VerifyResult` out.
 
-A front door (padded :func:`~portable_verify.verify`, ragged
-:func:`~portable_verify.verify_ragged`) only turns its layout into a :class:`CallLayout`; the
-rules that are the same for both (methods, temperatures, seeds, value checks, ``-1`` drafts,
-caller bonus tokens, the result's array type) live here once.
+The parser (``api/parse.py``) reads a call's arguments; this module picks the backend and runs
+it. A call in plain host form goes straight to a backend that decides such calls itself
+(``traits.host_calls``: the compiled CPU kernel, which also checks what it reads and derives
+the uniforms). Every other call is completed here into the :class:`VerifyInputs` every backend
+reads: row maps, draft counts cut at ``-1``, temperatures, uniforms, value checks in one host
+transfer, and the caller's bonus tokens afterwards. These rules exist once, for every layout.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from portable_verify import dispatch
-from portable_verify.core import arguments, rng
+from portable_verify.backends.base import Backend, ReadValueError
+from portable_verify.core import arguments, layout, rng
 from portable_verify.core.arguments import ArrayLike, to_tensor
 from portable_verify.core.types import (
-    DEFAULT_TYPICAL,
     INVALID_DRAFT_TOKEN_ID,
-    METHODS,
-    TypicalParams,
+    VerifyCall,
     VerifyInputs,
     VerifyResult,
 )
@@ -32,62 +31,6 @@ from portable_verify.core.validation import (
     require_int,
     require_rank,
 )
-
-
-@dataclass(frozen=True)
-class CallLayout:
-    """One call's tensors as every backend reads them: flat target rows plus row maps.
-
-    ``counts`` and ``rows`` follow the caller's draft counts; a ``-1`` draft shortens a count
-    afterwards (:func:`effective_counts`) without changing the row maps: the rows of positions up
-    to the caller's count are already the right ones.
-    """
-
-    drafts: torch.Tensor  # int64 [B, K]
-    counts: torch.Tensor  # int64 [B]: the caller's draft counts
-    target: torch.Tensor  # float [R, V]
-    target_name: str  # the caller's argument, for messages: target_logits / target_probs
-    rows: torch.Tensor  # int64 [B, K+1]
-    draft_probs: torch.Tensor | None  # float [Rq, V]
-    draft_rows: torch.Tensor | None  # int64 [B, K]
-
-
-@dataclass(frozen=True)
-class CallOptions:
-    """The keyword arguments both front doors take, as given by the caller."""
-
-    method: str = "auto"
-    temperature: float | ArrayLike | None = None
-    seed: int | ArrayLike | None = None
-    seed_offset: int | ArrayLike | None = None
-    uniforms: ArrayLike | None = None
-    typical: TypicalParams = DEFAULT_TYPICAL
-    bonus_token_ids: ArrayLike | None = None
-    backend: str = "auto"
-    validate: bool | str = True  # True, False or "full"
-
-
-def target_argument(
-    target_logits: ArrayLike | None, target_probs: ArrayLike | None
-) -> tuple[torch.Tensor, str]:
-    """The one target tensor given, and the name of the argument that carried it."""
-    logits = to_tensor("target_logits", target_logits)
-    probs = to_tensor("target_probs", target_probs)
-    if (logits is None) == (probs is None):
-        raise ValueError("give exactly one of target_logits and target_probs")
-    if logits is not None:
-        return logits, "target_logits"
-    return probs, "target_probs"
-
-
-def check_options(options: CallOptions) -> None:
-    """Host-only checks of the options both front doors share (before any tensor work)."""
-    if options.method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {options.method!r}")
-    if not isinstance(options.backend, str):
-        raise TypeError(f"backend must be a backend name (str), got {options.backend!r}")
-    if not (isinstance(options.validate, bool) or options.validate == "full"):
-        raise TypeError(f"validate must be True, False or \"full\", got {options.validate!r}")
 
 
 def effective_counts(drafts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -107,10 +50,56 @@ def effective_counts(drafts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
     return torch.minimum(counts, first_invalid)
 
 
-def decide(layout: CallLayout, options: CallOptions, return_numpy: bool) -> VerifyResult:
-    """Check values, pick the backend, run it, and shape the result."""
-    drafts, target = layout.drafts, layout.target
-    counts = effective_counts(drafts, layout.counts)
+def decide(call: VerifyCall) -> VerifyResult:
+    """Pick the backend for ``call``, run it, and shape the result."""
+    device_type = "cpu" if call.host else call.target.device.type
+    backend = dispatch.select_backend(call.backend, device_type)
+    if call.host and backend.traits.host_calls and call.validate != "full":
+        try:
+            tokens, accepted, emitted, counts = backend.run_call(call)
+        except ReadValueError:  # a value it reads is invalid: the full tail words the error
+            backend = dispatch.get_backend("torch:cpu")
+        else:
+            if call.return_numpy:
+                return VerifyResult._of(tokens, accepted, emitted, counts)
+            return VerifyResult._of(torch.from_numpy(tokens), torch.from_numpy(accepted),
+                                    torch.from_numpy(emitted), torch.from_numpy(counts))
+    return _decide_inputs(_tensors(call), backend)
+
+
+def _tensors(call: VerifyCall) -> VerifyCall:
+    """``call`` with torch tensors and explicit row maps (host arrays are viewed, not copied)."""
+    if not call.host and call.rows is not None and (
+            call.draft_probs is None or call.draft_rows is not None):
+        return call
+    drafts = to_tensor("draft_token_ids", call.drafts)
+    target = to_tensor(call.target_name, call.target)
+    target = target.reshape(-1, target.shape[-1])  # flat rows (a view)
+    device = target.device
+    drafts = drafts.to(device=device, dtype=torch.int64)
+    b, k = drafts.shape
+    counts = to_tensor("num_draft_tokens", call.counts)
+    if counts is None:
+        counts = torch.full((b,), k, dtype=torch.int64, device=device)
+    rows = to_tensor("target_rows", call.rows)
+    if rows is None:
+        rows = (torch.from_numpy(layout.padded_target_rows(counts.numpy(), k))
+                if device.type == "cpu" else layout.padded_target_rows(counts, k))
+    q = to_tensor("draft_probs", call.draft_probs)
+    q_rows = to_tensor("draft_rows", call.draft_rows)
+    if q is not None and q_rows is None:
+        q_rows = (torch.from_numpy(layout.padded_draft_rows(b, k, counts.numpy()))
+                  if device.type == "cpu" else layout.padded_draft_rows(b, k, counts))
+    u = to_tensor("uniforms", call.uniforms)
+    return VerifyCall(drafts, counts, target, call.target_name, rows, q, q_rows,
+                      call.temperature, call.seed, call.seed_offset, u, call.bonus,
+                      call.options, call.validate, call.backend, False, call.return_numpy)
+
+
+def _decide_inputs(call: VerifyCall, backend: Backend) -> VerifyResult:
+    """The general path: complete the call into :class:`VerifyInputs`, check, run."""
+    drafts, target, options = call.drafts, call.target, call.options
+    counts = effective_counts(drafts, call.counts)
     b, k = drafts.shape
     device = target.device
     if options.method == "greedy":
@@ -118,50 +107,47 @@ def decide(layout: CallLayout, options: CallOptions, return_numpy: bool) -> Veri
         all_greedy, none_greedy = True, False
     else:
         temps, all_greedy, none_greedy = arguments.temperatures(
-            options.temperature, b, device,
-            has_probs=layout.target_name == "target_probs", validate=options.validate)
-    explicit_u = to_tensor("uniforms", options.uniforms)
+            call.temperature, b, device, has_probs=not call.is_logits, validate=call.validate)
+    explicit_u = call.uniforms
     u = None
     if not all_greedy:
         if explicit_u is not None:
             u = explicit_u.to(torch.float32)
         else:
-            seeds = arguments.request_seeds(options.seed, b, device, options.validate)
-            offsets = arguments.request_offsets(options.seed_offset, b, device, options.validate)
+            seeds = arguments.request_seeds(call.seed, b, device, call.validate)
+            offsets = arguments.request_offsets(call.seed_offset, b, device, call.validate)
             u = rng.uniforms_torch(seeds, offsets, k + 1)
-    bonus = _bonus_argument(options.bonus_token_ids, b, device, options.validate)
-    backend = dispatch.select_backend(options.backend, device.type)
+    bonus = _bonus_argument(call.bonus, b, device, call.validate)
     # The default level rides on the passes of a backend that checks what it reads; "full"
     # (and any other backend) scans every row here first.
-    rides = options.validate is True and backend.traits.checks_what_it_reads
-    if options.validate:
-        _check_values(layout, counts, temps, u if explicit_u is not None else None, bonus,
+    rides = call.validate is True and backend.traits.checks_what_it_reads
+    if call.validate:
+        _check_values(call, counts, temps, u if explicit_u is not None else None, bonus,
                       scan_rows=not rides)
     inputs = VerifyInputs(
         draft_token_ids=drafts,
         num_draft_tokens=counts,
         target=target,
-        target_rows=layout.rows,
-        target_is_logits=layout.target_name == "target_logits",
-        draft_probs=layout.draft_probs,
-        draft_rows=layout.draft_rows,
+        target_rows=call.rows,
+        target_is_logits=call.is_logits,
+        draft_probs=call.draft_probs,
+        draft_rows=call.draft_rows,
         temperature=temps,
         all_greedy=all_greedy,
         none_greedy=none_greedy,
-        sampled_method="typical" if options.method == "typical" else "rejection",
         uniforms=u,
-        typical=options.typical,
+        options=options,
         check_read_values=rides,
     )
     tokens, accepted = dispatch.run(backend, inputs)
     if bonus is not None:
         # The caller's own bonus draw replaces ours where every (valid) draft was accepted.
         at = accepted.unsqueeze(1)
-        all_accepted = accepted.eq(layout.counts)  # never true for a row cut by a -1
+        all_accepted = accepted.eq(call.counts)  # never true for a row cut by a -1
         tokens.scatter_(1, at, torch.where(all_accepted, bonus,
                                            tokens.gather(1, at).squeeze(1)).unsqueeze(1))
     result = VerifyResult(tokens, accepted, accepted + 1, counts)
-    if return_numpy:
+    if call.return_numpy:
         result = VerifyResult(*(t.cpu().numpy() for t in (tokens, accepted, accepted + 1, counts)))
     return result
 
@@ -183,7 +169,7 @@ def _bonus_argument(bonus: ArrayLike | None, b: int, device: torch.device,
     return t.to(device=device, dtype=torch.int64)
 
 
-def _check_values(layout: CallLayout, read_counts: torch.Tensor, temps: torch.Tensor,
+def _check_values(call: VerifyCall, read_counts: torch.Tensor, temps: torch.Tensor,
                   explicit_u: torch.Tensor | None, bonus: torch.Tensor | None,
                   scan_rows: bool = True) -> None:
     """Value checks, evaluated with one host transfer; see docs/semantics.md (Validation).
@@ -191,7 +177,7 @@ def _check_values(layout: CallLayout, read_counts: torch.Tensor, temps: torch.Te
     ``scan_rows=False`` leaves out the scans of the target and draft rows: the backend checks
     what its decision reads on the way (``VerifyInputs.check_read_values``).
     """
-    drafts, counts, target = layout.drafts, layout.counts, layout.target
+    drafts, counts, target = call.drafts, call.counts, call.target
     k = drafts.shape[1]
     v = target.shape[-1]
     checks = ValueChecks()
@@ -208,7 +194,7 @@ def _check_values(layout: CallLayout, read_counts: torch.Tensor, temps: torch.Te
     bad_t = ~((temps >= 0) & (temps < float("inf")))
     checks.add(bad_t.any(),
                lambda: f"temperature must be finite and >= 0, got {temps.tolist()}")
-    if layout.target_name == "target_probs":
+    if call.target_name == "target_probs":
         rescaled = (temps != 0) & (temps != 1)
         checks.add(rescaled.any(), lambda: "temperature cannot be applied to target_probs (only "
                    f"0 = greedy or 1 per row); pass target_logits. Got {temps.tolist()}")
@@ -218,16 +204,16 @@ def _check_values(layout: CallLayout, read_counts: torch.Tensor, temps: torch.Te
     check_ids(checks, "draft_token_ids", drafts, used, v)
     if scan_rows:
         used_rows = torch.zeros(target.shape[0], dtype=torch.bool, device=target.device)
-        used_rows[layout.rows.clamp(0, target.shape[0] - 1).reshape(-1)] = True
-        if layout.target_name == "target_logits":
-            check_logits(checks, layout.target_name, target, used_rows)
+        used_rows[call.rows.clamp(0, target.shape[0] - 1).reshape(-1)] = True
+        if call.target_name == "target_logits":
+            check_logits(checks, call.target_name, target, used_rows)
         else:
-            check_probs(checks, layout.target_name, target, used_rows)
-        if layout.draft_probs is not None and layout.draft_rows is not None:
-            used_q = torch.zeros(layout.draft_probs.shape[0], dtype=torch.bool,
+            check_probs(checks, call.target_name, target, used_rows)
+        if call.draft_probs is not None and call.draft_rows is not None:
+            used_q = torch.zeros(call.draft_probs.shape[0], dtype=torch.bool,
                                  device=target.device)
-            used_q[layout.draft_rows[used]] = True
-            check_probs(checks, "draft_probs", layout.draft_probs, used_q)
+            used_q[call.draft_rows[used]] = True
+            check_probs(checks, "draft_probs", call.draft_probs, used_q)
     if explicit_u is not None:
         bad_u = ~((explicit_u > 0) & (explicit_u <= 1))
         checks.add(bad_u.any(), lambda: "uniforms must lie in (0, 1] (and not be NaN)")

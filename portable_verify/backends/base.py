@@ -9,11 +9,10 @@ them (selection, array conversion, fallbacks).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-from portable_verify.core.types import VerifyInputs
+from portable_verify.core.types import VerifyCall, VerifyInputs
 
 
 @dataclass(frozen=True)
@@ -38,29 +37,16 @@ class BackendTraits:
     ``checks_what_it_reads``: under ``validate=True`` it checks the values its decision reads
     during its own passes (``VerifyInputs.check_read_values``), so the front door skips its
     full-row scans.
+    ``host_calls``: it decides a plain host call (:class:`VerifyCall`) itself, in
+    :meth:`Backend.run_call`: row maps, ``-1`` cuts, temperatures, uniforms and the default
+    checks included, so the front door builds nothing for it.
     """
 
     is_reference: bool = False
     statistical_sizes: bool = True
     full_conformance_sizes: bool = True
     checks_what_it_reads: bool = False
-
-
-@dataclass(frozen=True)
-class HostKernel:
-    """A backend's entry points for the lean CPU front door (``api/host_path.py``): host numpy
-    arrays in, ``(token_ids, num_accepted, num_emitted, num_draft_tokens, ok)`` out, where
-    ``ok`` is False when a checked value is invalid (the full front door then words it).
-
-    ``decide(target, is_logits, drafts, **options)`` takes every form; ``greedy(target,
-    is_logits, drafts, counts, bonus, check)`` is the all-greedy call with fewer arguments;
-    ``ragged_layout(flat, counts_or_cu, from_cu, n_target_rows, max_k)`` turns a flat call
-    into row maps (None when its counts do not describe it).
-    """
-
-    decide: Callable[..., Any]
-    greedy: Callable[..., Any]
-    ragged_layout: Callable[..., Any]
+    host_calls: bool = False
 
 
 class ReadValueError(ValueError):
@@ -112,10 +98,12 @@ class Backend(ABC):
         ``inputs`` holds torch tensors for ``array_kind == "torch"`` and numpy arrays otherwise.
         """
 
-    def host_kernel(self) -> HostKernel | None:
-        """Entry points that decide straight from host arrays, for the lean CPU front door
-        (``api/host_path.py``), or None: only a backend with a compiled host kernel has them."""
-        return None
+    def run_call(self, call: VerifyCall) -> tuple[Any, Any, Any, Any]:
+        """``(token_ids, num_accepted, num_emitted, num_draft_tokens)`` as numpy arrays for a
+        plain host call, for backends with ``traits.host_calls``; raises
+        :class:`ReadValueError` when a value it reads is invalid (the front door then words
+        the error)."""
+        raise NotImplementedError(f"{self.qualified_name} does not decide host calls")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.qualified_name!r}>"

@@ -9,6 +9,7 @@ come from the torch backend, rerun by dispatch on the same inputs (one source of
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -18,10 +19,10 @@ from portable_verify.backends.base import (
     Availability,
     Backend,
     BackendTraits,
-    HostKernel,
     ReadValueError,
 )
-from portable_verify.core.types import VerifyInputs
+from portable_verify.core.arguments import FLOAT32_MAX, request_seeds
+from portable_verify.core.types import VerifyCall, VerifyInputs
 from portable_verify.core.validation import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 
 HALF = (torch.float16, torch.bfloat16)
@@ -78,7 +79,9 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     if v == 0 and b > 0:
         raise ValueError("the target has an empty vocabulary dimension")
     r = b * (k + 1) if rows.shape[0] == 0 else target.shape[0]  # rows: target is [R, V]
-    greedy_possible = all_greedy or temps.shape[0] > 0 or temp_scalar == 0.0
+    # Per-row temperatures need the target's argmax only when some row is greedy.
+    greedy_possible = (all_greedy or temp_scalar == 0.0
+                       or (temps.shape[0] > 0 and bool((temps == 0).any())))
     tokens, accepted, emitted, out_counts = _outputs(b, k)
     by_address = type(target) is torch.Tensor and type(drafts) is torch.Tensor
     if by_address and not (greedy_possible and r * v > ARGMAX_IN_NUMPY):
@@ -123,36 +126,29 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     return tokens, accepted, emitted, out_counts, error == 0
 
 
-def ragged_arrays(flat: np.ndarray, layout: np.ndarray, from_cu: bool, n_target_rows: int,
-                  max_k: int | None
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
-    """``(drafts [B, K], counts [B], rows [B, K+1], draft_rows [B, K])`` of a flat call with
-    ``K = max_k`` (default: the largest count), or None when its counts do not fit it."""
-    if flat.dtype != np.int64 or layout.dtype != np.int64:
-        return None
-    b = layout.shape[0] - 1 if from_cu else layout.shape[0]
-    if max_k is None:
-        sizes = np.diff(layout) if from_cu else layout
-        max_k = int(sizes.max()) if b > 0 else 0
-    if max_k < 0:
-        return None
-    drafts = np.empty((b, max_k), dtype=np.int64)
-    counts = np.empty(b, dtype=np.int64)
-    rows = np.empty((b, max_k + 1), dtype=np.int64)
-    draft_rows = np.empty((b, max_k), dtype=np.int64)
-    if not kernels.ragged_layout(np.ascontiguousarray(flat), np.ascontiguousarray(layout),
-                                 from_cu, n_target_rows, max_k, drafts, counts, rows,
-                                 draft_rows):
-        return None
-    return drafts, counts, rows, draft_rows
-
-
-HOST_KERNEL = HostKernel(decide=decide_arrays, greedy=greedy_arrays, ragged_layout=ragged_arrays)
-
-
 _AVAILABILITY = (
     Availability(False, "numba is not installed (pip install 'portable-verify[cpu]')")
     if kernels is None else Availability(True, f"numba {numba.__version__} on the CPU"))
+
+
+def _uniform_source(call: VerifyCall, kwargs: dict[str, Any]) -> None:
+    """Where a sampled call's uniforms come from, in the kernel's terms: the caller's own, or
+    the counter-hash streams of its seeds and offsets (derived inside the kernel)."""
+    if call.uniforms is not None:
+        kwargs["uniforms"] = call.uniforms
+        return
+    seed = call.seed
+    if seed is None:
+        kwargs["seeds"] = request_seeds(None, call.drafts.shape[0], torch.device("cpu")).numpy()
+    elif type(seed) is int:
+        kwargs["seed_scalar"], kwargs["seed_mode"] = seed, 2
+    else:
+        kwargs["seeds"] = seed
+    offset = call.seed_offset
+    if type(offset) is int:
+        kwargs["offset_scalar"] = offset
+    elif offset is not None:
+        kwargs["offsets"] = offset
 
 
 class NumbaBackend(Backend):
@@ -161,13 +157,46 @@ class NumbaBackend(Backend):
     name = "numba"
     description = "one numba-compiled CPU kernel per call (the fast CPU path)"
     devices = ("cpu",)
-    traits = BackendTraits(checks_what_it_reads=True)
+    traits = BackendTraits(checks_what_it_reads=True, host_calls=True)
 
     def availability(self) -> Availability:
         return _AVAILABILITY  # asked on every automatic selection: computed once
 
-    def host_kernel(self) -> HostKernel:
-        return HOST_KERNEL
+    def run_call(self, call: VerifyCall) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        check = call.validate is True
+        counts = EMPTY_I64_1 if call.counts is None else call.counts
+        bonus = EMPTY_I64_1 if call.bonus is None else call.bonus
+        options = call.options
+        all_greedy = options.method == "greedy"
+        kwargs: dict[str, Any] = {}
+        t = call.temperature
+        if not all_greedy:
+            if t is None:
+                kwargs["temp_scalar"] = 1.0
+            elif type(t) is float:
+                t32 = float(np.float32(t)) if t <= FLOAT32_MAX else math.inf
+                kwargs["temp_scalar"] = t32  # checked by the parser, before this rounding
+                all_greedy = t32 == 0.0
+            else:
+                kwargs["temps"] = t
+        if all_greedy and call.rows is None and call.uniforms is None:
+            out = greedy_arrays(call.target, call.is_logits, call.drafts, counts, bonus, check)
+        else:
+            if not all_greedy:
+                _uniform_source(call, kwargs)
+            if options.sampled_method == "typical":
+                kwargs.update(typical=True, eps=options.typical.eps, alpha=options.typical.alpha)
+            if call.rows is not None:
+                kwargs["rows"] = call.rows
+            if call.draft_probs is not None:
+                kwargs["q"] = call.draft_probs
+                if call.draft_rows is not None:
+                    kwargs["qrows"] = call.draft_rows
+            out = decide_arrays(call.target, call.is_logits, call.drafts, counts=counts,
+                                bonus=bonus, all_greedy=all_greedy, check=check, **kwargs)
+        if not out[4]:
+            raise ReadValueError("a value the decision reads is invalid")
+        return out[:4]
 
     def run(self, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
         inputs.check_layout()
@@ -191,7 +220,7 @@ class NumbaBackend(Backend):
             temps=host_array(inputs.temperature, np.float32),
             all_greedy=inputs.all_greedy,
             typical=inputs.sampled_method == "typical",
-            eps=inputs.typical_eps, alpha=inputs.typical_alpha,
+            eps=inputs.options.typical.eps, alpha=inputs.options.typical.alpha,
             uniforms=(EMPTY_F32_2 if inputs.uniforms is None
                       else host_array(inputs.uniforms, np.float32)),
             check=inputs.check_read_values, atol=atol, q_atol=q_atol,

@@ -130,8 +130,8 @@ def verify_reference(inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
             temperature=temperature,
             method=inputs.sampled_method,
             uniforms=None if inputs.uniforms is None else inputs.uniforms[i],
-            eps=inputs.typical_eps,
-            alpha=inputs.typical_alpha,
+            eps=inputs.options.typical.eps,
+            alpha=inputs.options.typical.alpha,
         )
         tokens[i, : len(emitted)] = emitted
         accepted[i] = len(emitted) - 1

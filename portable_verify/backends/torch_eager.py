@@ -568,7 +568,7 @@ def _sampled(ops: ArrayOps, inputs: VerifyInputs, x: Array, valid: Array, n: Arr
                    .reshape(b, k) if typical else None)
 
     if typical:
-        alpha, eps = inputs.typical_alpha, inputs.typical_eps
+        alpha, eps = inputs.options.typical.alpha, inputs.options.typical.eps
         accept = px > ops.clip(xp.exp(-entropy) * alpha, high=eps)
     else:
         accept = px > 0

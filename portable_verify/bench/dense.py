@@ -16,8 +16,7 @@ import torch
 
 from portable_verify.core import arguments
 from portable_verify.core.types import (
-    DEFAULT_TYPICAL_ALPHA,
-    DEFAULT_TYPICAL_EPS,
+    DEFAULT_TYPICAL,
     PLACEHOLDER_TOKEN_ID,
 )
 
@@ -70,8 +69,8 @@ def dense_verify(
     draft_probs: torch.Tensor | None = None,
     method: str = "rejection",
     temperature: float | torch.Tensor | None = 1.0,
-    typical_eps: float = DEFAULT_TYPICAL_EPS,
-    typical_alpha: float = DEFAULT_TYPICAL_ALPHA,
+    typical_eps: float = DEFAULT_TYPICAL.eps,
+    typical_alpha: float = DEFAULT_TYPICAL.alpha,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Verify drafts the dense way; returns ``token_ids`` int64 ``[B, K+1]`` (-1 padded).

@@ -7,6 +7,7 @@ error messages) identical everywhere.
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -23,6 +24,8 @@ SEED_RANGE = 2**62
 every device and every array library."""
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def to_tensor(name: str, x: ArrayLike | None) -> torch.Tensor | None:
@@ -36,7 +39,10 @@ def to_tensor(name: str, x: ArrayLike | None) -> torch.Tensor | None:
     if isinstance(x, torch.Tensor):
         if x.is_meta:
             raise ValueError(f"{name} is a meta tensor (shape only, no data); pass real values")
-        return x.detach()  # results never need gradients; detaching is free
+        x = x.detach()  # results never need gradients; detaching is free
+        if x.is_neg() or x.is_conj():  # lazy views: their memory does not hold their values
+            x = x.resolve_neg().resolve_conj()
+        return x
     if isinstance(x, np.ndarray):
         if x.dtype.kind not in "biuf":
             raise TypeError(f"{name} must hold numbers, got a numpy array of dtype {x.dtype}")
@@ -103,6 +109,27 @@ def request_offsets(seed_offset: int | ArrayLike | None, b: int, device: torch.d
     return _per_request("seed_offset", seed_offset, b, device, validate)
 
 
+def check_temperature_scalar(temperature: Any, validate: Any = True,
+                             has_probs: bool = False) -> float:
+    """A scalar temperature as a float, checked (finite, ``>= 0``; only 0 or 1 with
+    probabilities, which carry no logits to rescale) *before* any rounding: rounded to float32
+    first, ``-1e-50`` would become ``-0.0`` and pass."""
+    if isinstance(temperature, bool):
+        raise TypeError(f"temperature must be a number or a float [B] array, got {temperature}")
+    try:
+        t = float(temperature)
+    except OverflowError:  # an int beyond float's range
+        t = math.inf if temperature > 0 else -math.inf
+    if validate and not (0 <= t < math.inf):
+        raise ValueError(f"temperature must be finite and >= 0, got {t}")
+    if validate and has_probs and t not in (0.0, 1.0):
+        raise ValueError(
+            f"temperature={t} cannot be applied to target_probs; pass target_logits, or "
+            "temperature 0 (greedy) / 1 / None"
+        )
+    return t
+
+
 def temperatures(temperature: float | ArrayLike | None, b: int, device: torch.device,
                  *, has_probs: bool = False, validate: bool = True
                  ) -> tuple[torch.Tensor, bool, bool]:
@@ -112,17 +139,9 @@ def temperatures(temperature: float | ArrayLike | None, b: int, device: torch.de
     logits to rescale); a tensor's values are checked with the other value checks, on device.
     """
     if temperature is None or isinstance(temperature, (numbers.Real, np.floating)):
-        if isinstance(temperature, bool):
-            raise TypeError(f"temperature must be a number or a float [B] array, got {temperature}")
-        t = 1.0 if temperature is None else float(temperature)
-        if validate and not (0 <= t < float("inf")):
-            raise ValueError(f"temperature must be finite and >= 0, got {t}")
-        if validate and has_probs and t not in (0.0, 1.0):
-            raise ValueError(
-                f"temperature={t} cannot be applied to target_probs; pass target_logits, or "
-                "temperature 0 (greedy) / 1 / None"
-            )
-        t = float(np.float32(t))  # what backends see: a T that rounds to 0 is greedy
+        t = 1.0 if temperature is None else check_temperature_scalar(temperature, validate,
+                                                                     has_probs)
+        t = float(np.float32(t)) if t <= FLOAT32_MAX else math.inf  # a T rounding to 0 is greedy
         return torch.full((b,), t, dtype=torch.float32, device=device), t == 0.0, t != 0.0
     tt = to_tensor("temperature", temperature)
     if validate:
@@ -132,5 +151,10 @@ def temperatures(temperature: float | ArrayLike | None, b: int, device: torch.de
             raise ValueError(f"temperature has {tt.shape[0]} entries, expected B = {b}")
         if tt.device != device:
             raise ValueError(f"temperature is on {tt.device}, the target on {device}")
-    return tt.to(device=device, dtype=torch.float32), False, False
+    t32 = tt.to(device=device, dtype=torch.float32)
+    if tt.dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        # A negative value too small for float32 would round to -0.0 and pass its check:
+        # it stays negative (the smallest normal float32), so the value check refuses it.
+        t32 = torch.where(tt.to(device) < 0, -FLOAT32_TINY, t32)
+    return t32, False, False
 

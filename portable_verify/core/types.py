@@ -17,6 +17,7 @@ INVALID_DRAFT_TOKEN_ID = -1
 
 Method = Literal["auto", "greedy", "rejection", "typical"]
 METHODS: tuple[str, ...] = ("auto", "greedy", "rejection", "typical")
+"""``auto`` = ``rejection`` for sampled rows; greedy rows (temperature 0) always take greedy."""
 
 
 @dataclass(frozen=True)
@@ -41,8 +42,34 @@ class TypicalParams:
 
 
 DEFAULT_TYPICAL = TypicalParams()
-DEFAULT_TYPICAL_EPS = DEFAULT_TYPICAL.eps
-DEFAULT_TYPICAL_ALPHA = DEFAULT_TYPICAL.alpha
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    """How sampled rows are decided: the method and its parameters, as one value.
+
+    Why one value: it travels unchanged from the front door through dispatch into every
+    backend (and, packed, into compiled kernels), so a new method or option is a field here and
+    a branch where it is read, not a parameter threaded through every layer. Engines build it
+    once (the vLLM plugin at start-up) and pass it on every step.
+    """
+
+    method: str = "auto"
+    typical: TypicalParams = DEFAULT_TYPICAL
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if not isinstance(self.typical, TypicalParams):
+            raise TypeError(f"typical must be a TypicalParams, got {self.typical!r}")
+
+    @property
+    def sampled_method(self) -> str:
+        """The rule for rows that sample (``auto`` and ``greedy`` name rejection's)."""
+        return "rejection" if self.method in ("auto", "greedy") else self.method
+
+
+DEFAULT_OPTIONS = VerifyOptions()
 
 
 @dataclass(frozen=True)
@@ -63,20 +90,16 @@ class VerifyInputs:
     temperature: Any  # float32 [B]; 0 marks a greedy row
     all_greedy: bool  # known on the host: every row is greedy (no softmax, no randomness)
     none_greedy: bool  # known on the host: no row is greedy (skip the argmax pass)
-    sampled_method: Literal["rejection", "typical"]
     uniforms: Any | None  # float32 [B, K+1] in (0, 1]; None when all_greedy
-    typical: TypicalParams = DEFAULT_TYPICAL
+    options: VerifyOptions = DEFAULT_OPTIONS
     # The default level of validation rides on the backend's own passes (docs/semantics.md,
     # Validation): set for backends whose ``traits.checks_what_it_reads`` is True.
     check_read_values: bool = False
 
     @property
-    def typical_eps(self) -> float:
-        return self.typical.eps
-
-    @property
-    def typical_alpha(self) -> float:
-        return self.typical.alpha
+    def sampled_method(self) -> str:
+        """The rule of the rows that sample: ``rejection`` or ``typical``."""
+        return self.options.sampled_method
 
     @property
     def batch_size(self) -> int:
@@ -116,6 +139,42 @@ class VerifyInputs:
         if q is not None and q.shape[-1] != self.vocab_size:
             raise ValueError(f"draft_probs must have V = {self.vocab_size} columns, got "
                              f"{q.shape[-1]}")
+
+
+@dataclass(slots=True, eq=False)
+class VerifyCall:
+    """One call as the front doors read it: the caller's arrays in one layout, and its options.
+
+    This is what the parser (``api/parse.py``) hands on: flat target rows plus row maps, with
+    the padded layout's maps left implicit (``None``) so that a plain call builds no array it
+    does not need. ``host`` says every array is a C-contiguous host numpy array of the canonical
+    dtype (int64 ids, float32 values): a backend that declares ``traits.host_calls`` decides such
+    a call directly (``Backend.run_call``); every other call is completed into
+    :class:`VerifyInputs` first (``api/call.py``). Not frozen: it is built on every call, and a
+    frozen dataclass costs twice as much to build.
+    """
+
+    drafts: Any  # int64 [B, K]; slots j >= n_i are never read
+    counts: Any | None  # int64 [B] the caller's draft counts, or None (K each)
+    target: Any  # float [R, V] flat rows; a padded call's may stay [B, K+1, V] (rows None)
+    target_name: str  # "target_logits" or "target_probs": the caller's argument
+    rows: Any | None  # int64 [B, K+1], or None: row (i, j) = i*(K+1) + min(j, n_i)
+    draft_probs: Any | None  # float [Rq, V], or None (one-hot drafts)
+    draft_rows: Any | None  # int64 [B, K], or None with draft_probs: row (i, j) = i*K + j
+    temperature: Any  # None (= 1), a float (checked, >= 0), or float [B]
+    seed: Any  # None, an int, or int [B]
+    seed_offset: Any  # None, an int, or int [B]
+    uniforms: Any | None  # float32 [B, K+1]
+    bonus: Any | None  # int64 [B]
+    options: VerifyOptions
+    validate: bool | str
+    backend: str
+    host: bool
+    return_numpy: bool
+
+    @property
+    def is_logits(self) -> bool:
+        return self.target_name == "target_logits"
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,9 @@ from typing import Any
 
 import torch
 
-from portable_verify.api.call import CallLayout, CallOptions, decide
+from portable_verify import verify_rows
+from portable_verify.core import layout
+from portable_verify.core.types import DEFAULT_OPTIONS, VerifyOptions
 
 logger = logging.getLogger("vllm.plugins.portable_verify")
 
@@ -37,6 +39,7 @@ def verify_v2_step(
     seed: torch.Tensor,
     num_speculative_steps: int,
     backend: str = "auto",
+    options: VerifyOptions = DEFAULT_OPTIONS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The V2 runner's ``rejection_sample`` contract: int64 ``[B, steps+1]``, int32 ``[B]``.
 
@@ -47,25 +50,19 @@ def verify_v2_step(
     first row as ``seed_offset``, counter-based like vLLM's own V2 kernel.
     """
     k = num_speculative_steps
-    device = processed_logits.device
     cu = cu_num_logits.to(torch.int64)
-    counts = cu[1:] - cu[:-1] - 1
     first = cu[:-1]
-    steps = torch.arange(k + 1, device=device)
+    counts = cu[1:] - first - 1
     last_row = processed_logits.shape[0] - 1
-    rows = (first.unsqueeze(1) + torch.minimum(steps, counts.unsqueeze(1))).clamp_(max=last_row)
-    draft_at = (first.unsqueeze(1) + 1 + steps[:k]).clamp_(max=last_row)
-    drafts = torch.where(steps[:k] < counts.unsqueeze(1),
-                         draft_sampled.to(torch.int64)[draft_at], 0)
-    layout = CallLayout(drafts=drafts, counts=counts, target=processed_logits,
-                        target_name="target_logits", rows=rows, draft_probs=None,
-                        draft_rows=None)
+    rows = layout.position_rows(first, counts, k, processed_logits.shape[0])
+    drafts, _ = layout.gather_drafts(draft_sampled, first + 1, counts, k)
     state = idx_mapping.to(torch.int64)
     temps = torch.where(temperature[state] == 0, 0.0, 1.0).to(torch.float32)
-    options = CallOptions(temperature=temps, seed=seed[state].to(torch.int64),
-                          seed_offset=pos[first.clamp(max=last_row)].to(torch.int64),
-                          backend=backend, validate=False)
-    result = decide(layout, options, return_numpy=False)
+    result = verify_rows(drafts, target_rows=rows, target_logits=processed_logits,
+                         num_draft_tokens=counts, temperature=temps,
+                         seed=seed[state].to(torch.int64),
+                         seed_offset=pos[first.clamp(max=last_row)].to(torch.int64),
+                         options=options, backend=backend, validate=False)
     return result.token_ids, result.num_emitted.to(torch.int32)
 
 

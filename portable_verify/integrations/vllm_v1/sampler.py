@@ -16,15 +16,18 @@ token (``bonus_token_ids``) replaces whatever is drawn there.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 
-from portable_verify.api.call import CallLayout, CallOptions, decide
-from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
+from portable_verify import verify_rows
+from portable_verify.core import layout
+from portable_verify.core.types import DEFAULT_OPTIONS, PLACEHOLDER_TOKEN_ID, VerifyOptions
 from portable_verify.integrations.generator_seeds import seeds_from_generators
 
 logger = logging.getLogger("vllm.plugins.portable_verify")
@@ -45,6 +48,7 @@ def verify_spec_decode_step(
     all_random: bool,
     generators: Mapping[int, torch.Generator] | None,
     backend: str = "auto",
+    options: VerifyOptions = DEFAULT_OPTIONS,
 ) -> torch.Tensor:
     """One vLLM v1 verification step decided by portable_verify: int32 ``[B, max_spec_len+1]``.
 
@@ -63,43 +67,47 @@ def verify_spec_decode_step(
         out = torch.full((b, k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device)
         out[:, 0] = bonus.to(torch.int32)
         return out
-    cu = cu_num_draft_tokens.to(torch.int64)
-    counts = torch.diff(cu, prepend=cu.new_zeros(1))
-    starts = cu - counts
-    pos = torch.arange(k + 1, device=device)
-    # Draft rows are start + j; the bonus position (j = n_i) is clamped into range: it is
-    # only read when every draft passed, and then the caller's bonus token replaces the draw.
-    rows = (starts.unsqueeze(1) + torch.minimum(pos, counts.unsqueeze(1))).clamp_(max=n - 1)
-    draft_rows = (starts.unsqueeze(1) + pos[:k]).clamp_(max=n - 1)
-    drafts = torch.where(pos[:k] < counts.unsqueeze(1),
-                         draft_token_ids.to(torch.int64)[draft_rows], 0)
-    layout = CallLayout(
-        drafts=drafts,
-        counts=counts,
-        target=target_logits,
-        target_name="target_logits",
-        rows=rows,
-        draft_probs=draft_probs,
-        draft_rows=draft_rows if draft_probs is not None else None,
-    )
+    host = device.type == "cpu"  # row maps in numpy there: a fifth of torch's per-op cost
+    cu = (cu_num_draft_tokens.numpy().astype(np.int64) if host
+          else cu_num_draft_tokens.to(torch.int64))
+    flat = draft_token_ids.numpy().astype(np.int64) if host else draft_token_ids
+    counts = np.diff(cu, prepend=0) if host else torch.diff(cu, prepend=cu.new_zeros(1))
+    # vLLM's target has one row per draft and no bonus rows: the bonus position repeats a
+    # row, only read when every draft passed, and then the caller's bonus token replaces it.
+    drafts, rows, draft_rows = layout.ragged_maps(flat, counts, cu - counts, k,
+                                                  bonus_rows=False)
+    temps: float | Any = 1.0
+    seeds: Any = None
     if all_greedy:
-        options = CallOptions(method="greedy", bonus_token_ids=bonus, backend=backend,
-                              validate=False)
+        options = _greedy(options)
     else:
         skip = frozenset(i for i, m in enumerate(num_draft_tokens) if m == 0)
         seeds = seeds_from_generators(generators, b, device, skip_rows=skip, check=False)
-        temps: float | torch.Tensor = 1.0
+        seeds = seeds.numpy() if host else seeds
         if not all_random:
             assert temperature is not None, "vLLM gives per-request temperatures when mixed"
-            temps = torch.where(temperature[:b] == 0, 0.0, 1.0).to(torch.float32)
-        options = CallOptions(temperature=temps, seed=seeds, bonus_token_ids=bonus,
-                              backend=backend, validate=False)
-    result = decide(layout, options, return_numpy=False)
-    return result.token_ids.to(torch.int32)
+            greedy = temperature[:b] == 0
+            temps = (np.where(greedy.numpy(), 0.0, 1.0).astype(np.float32) if host
+                     else torch.where(greedy, 0.0, 1.0).to(torch.float32))
+    result = verify_rows(
+        drafts, target_rows=rows, target_logits=target_logits,
+        num_draft_tokens=counts, draft_probs=draft_probs,
+        draft_rows=draft_rows if draft_probs is not None else None,
+        temperature=temps, seed=seeds, bonus_token_ids=bonus.numpy() if host else bonus,
+        options=options, backend=backend, validate=False)
+    tokens = result.token_ids
+    return (torch.from_numpy(tokens) if host else tokens).to(torch.int32)
+
+
+@functools.lru_cache(maxsize=8)
+def _greedy(options: VerifyOptions) -> VerifyOptions:
+    """``options`` for an all-greedy step (built once: a VerifyOptions checks its fields)."""
+    return VerifyOptions("greedy", options.typical)
 
 
 def make_rejection_sample(
-    vllm_rejection_sample: RejectionSampleFn | None, backend: str = "auto"
+    vllm_rejection_sample: RejectionSampleFn | None, backend: str = "auto",
+    options: VerifyOptions = DEFAULT_OPTIONS,
 ) -> RejectionSampleFn:
     """A drop-in for ``vllm.v1.sample.rejection_sampler.rejection_sample``.
 
@@ -148,6 +156,7 @@ def make_rejection_sample(
                 all_random=sampling_metadata.all_random,
                 generators=sampling_metadata.generators,
                 backend=backend,
+                options=options,
             )
         # Host time per call (on accelerators: launch time), for serve-check's report.
         rejection_sample.seconds += time.perf_counter() - start  # type: ignore[attr-defined]

@@ -9,8 +9,8 @@ import torch
 from scipy import stats
 
 import portable_verify as pv
-from portable_verify.integrations import vllm as pv_vllm
-from portable_verify.integrations.vllm import RejectionSampler, TypicalAcceptanceSampler
+from portable_verify.integrations import vllm_v0 as pv_vllm
+from portable_verify.integrations.vllm_v0 import RejectionSampler, TypicalAcceptanceSampler
 
 
 def _one_hot(ids: torch.Tensor, v: int) -> torch.Tensor:

@@ -29,11 +29,10 @@ import warnings
 
 import torch
 
-from portable_verify.api.padded import verify
+from portable_verify import verify
 from portable_verify.core.metrics import MetricsAccumulator
 from portable_verify.core.types import (
-    DEFAULT_TYPICAL_ALPHA,
-    DEFAULT_TYPICAL_EPS,
+    DEFAULT_TYPICAL,
     PLACEHOLDER_TOKEN_ID,
     VerifyResult,
 )
@@ -169,7 +168,7 @@ class RejectionSampler(_SpecDecodeSampler):
         backend: a portable_verify backend name, or ``"auto"`` (chosen by the inputs' device).
 
     >>> import torch
-    >>> from portable_verify.integrations.vllm import RejectionSampler
+    >>> from portable_verify.integrations.vllm_v0 import RejectionSampler
     >>> p = torch.tensor([[[0., 1., 0.], [0., 0., 1.]]])  # target (one-hot = greedy)
     >>> q = torch.tensor([[[0., 1., 0.]]])  # draft distribution
     >>> RejectionSampler()(p, torch.tensor([[0]]), q, torch.tensor([[1]]))
@@ -234,7 +233,7 @@ class TypicalAcceptanceSampler(_SpecDecodeSampler):
     random numbers are used, as in vLLM.
 
     >>> import torch
-    >>> from portable_verify.integrations.vllm import TypicalAcceptanceSampler
+    >>> from portable_verify.integrations.vllm_v0 import TypicalAcceptanceSampler
     >>> p = torch.tensor([[[0.1, 0.9, 0.0], [0.2, 0.2, 0.6], [1.0, 0.0, 0.0]]])
     >>> TypicalAcceptanceSampler()(p, torch.tensor([[2]]), None, torch.tensor([[1, 0]]))
     tensor([[1, 0, 2]])
@@ -242,8 +241,8 @@ class TypicalAcceptanceSampler(_SpecDecodeSampler):
 
     def __init__(
         self,
-        posterior_threshold: float = DEFAULT_TYPICAL_EPS,
-        posterior_alpha: float = DEFAULT_TYPICAL_ALPHA,
+        posterior_threshold: float = DEFAULT_TYPICAL.eps,
+        posterior_alpha: float = DEFAULT_TYPICAL.alpha,
         strict_mode: bool = False,
         backend: str = "auto",
     ) -> None:

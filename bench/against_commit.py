@@ -1,0 +1,90 @@
+"""This tree's ``verify`` against another commit's, interleaved in one process, on the bench grid.
+
+Why: "no slower than before" needs both versions measured side by side on the same shared
+machine, not against a figure from another day. The other commit is imported under another
+package name (a copy of its ``portable_verify/`` renamed ``portable_verify_old``):
+
+    git worktree add /tmp/old 5aed259
+    mkdir -p /tmp/oldpkg && cp -r /tmp/old/portable_verify /tmp/oldpkg/portable_verify_old
+    find /tmp/oldpkg -name '*.py' -exec sed -i 's/portable_verify\\b/portable_verify_old/g' {} +
+    PYTHONPATH=/tmp/oldpkg python bench/against_commit.py --threads 1 [--quick]
+
+Each cell alternates the two versions call by call (ABAB...) and reports the median ratio
+new/old with the 25-75% spread of the per-round ratios, beside the fixed-cost ratios to a bare
+``torch.argmax`` (issue 13's targets).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+
+import portable_verify as new
+from portable_verify.bench.cases import FULL_SHAPES, QUICK_SHAPES, VARIANTS, make_inputs
+from portable_verify.bench.environment import cpu_flags
+
+
+def _time(fn: object, repeat: int) -> float:
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()  # type: ignore[operator]
+    return (time.perf_counter() - start) / repeat
+
+
+def _cell(old: object, shape: tuple[int, int, int], variant: object, rounds: int) -> dict:
+    inputs = make_inputs(shape, variant, torch.float32, torch.device("cpu"))
+    kwargs = inputs.verify_kwargs(variant)
+    kwargs["seed"] = inputs.seeds
+
+    def ours() -> object:
+        return new.verify(inputs.drafts, **kwargs)
+
+    def theirs() -> object:
+        return old.verify(inputs.drafts, **kwargs)  # type: ignore[attr-defined]
+
+    a = ours().token_ids
+    assert torch.equal(a, theirs().token_ids), "the two versions disagree"
+    one = max(_time(ours, 3), 1e-7)
+    repeat = max(1, int(0.02 / one))
+    ratios, new_t, old_t = [], [], []
+    for _ in range(rounds):
+        t_new = _time(ours, repeat)
+        t_old = _time(theirs, repeat)
+        ratios.append(t_new / t_old)
+        new_t.append(t_new)
+        old_t.append(t_old)
+    q = statistics.quantiles(ratios, n=4)
+    return {"shape": list(shape), "variant": variant.label,  # type: ignore[attr-defined]
+            "new_over_old": statistics.median(ratios), "q25": q[0], "q75": q[2],
+            "new_ms": statistics.median(new_t) * 1e3, "old_ms": statistics.median(old_t) * 1e3}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=11)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    import portable_verify_old as old  # type: ignore[import-not-found]
+
+    rows = []
+    for shape in QUICK_SHAPES if args.quick else FULL_SHAPES:
+        for variant in VARIANTS:
+            row = _cell(old, shape, variant, args.rounds)
+            rows.append(row)
+            print(f"{str(tuple(shape)):>18} {row['variant']:<16} new/old "
+                  f"{row['new_over_old']:.3f} [{row['q25']:.3f}, {row['q75']:.3f}]", flush=True)
+    print(f"threads={args.threads} cpu flags: {cpu_flags()}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"threads": args.threads, "rows": rows}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
