@@ -78,7 +78,7 @@ def main() -> None:
         for variant in VARIANTS:
             row = _cell(old, shape, variant, args.rounds)
             rows.append(row)
-            print(f"{str(tuple(shape)):>18} {row['variant']:<16} new/old "
+            print(f"{tuple(shape)!s:>18} {row['variant']:<16} new/old "
                   f"{row['new_over_old']:.3f} [{row['q25']:.3f}, {row['q75']:.3f}]", flush=True)
     print(f"threads={args.threads} cpu flags: {cpu_flags()}")
     if args.json:
