@@ -90,6 +90,12 @@ def check_options(options: CallOptions) -> None:
         raise TypeError(f"validate must be True, False or \"full\", got {options.validate!r}")
 
 
+def sampled_method(method: str) -> str:
+    """The rule sampled rows follow: ``auto`` (and ``greedy``, whose rows never sample) mean
+    rejection sampling."""
+    return method if method in ("typical", "block") else "rejection"
+
+
 def effective_counts(drafts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Each request's draft count cut at its first ``-1`` (no proposal): a fresh int64 ``[B]``.
 
@@ -130,10 +136,14 @@ def decide(layout: CallLayout, options: CallOptions, return_numpy: bool) -> Veri
             offsets = arguments.request_offsets(options.seed_offset, b, device, options.validate)
             u = rng.uniforms_torch(seeds, offsets, k + 1)
     bonus = _bonus_argument(options.bonus_token_ids, b, device, options.validate)
-    backend = dispatch.select_backend(options.backend, device.type)
+    method = sampled_method(options.method)
+    backend = dispatch.select_backend(options.backend, device.type,
+                                      None if all_greedy else method)
     # The default level rides on the passes of a backend that checks what it reads; "full"
-    # (and any other backend) scans every row here first.
-    rides = options.validate is True and backend.traits.checks_what_it_reads
+    # (and any other backend) scans every row here first. Block verification's backward scan
+    # reads a data-dependent set of rows: it is checked here too (docs/semantics.md).
+    rides = (options.validate is True and backend.traits.checks_what_it_reads
+             and method != "block")
     if options.validate:
         _check_values(layout, counts, temps, u if explicit_u is not None else None, bonus,
                       scan_rows=not rides)
@@ -148,7 +158,7 @@ def decide(layout: CallLayout, options: CallOptions, return_numpy: bool) -> Veri
         temperature=temps,
         all_greedy=all_greedy,
         none_greedy=none_greedy,
-        sampled_method="typical" if options.method == "typical" else "rejection",
+        sampled_method=method,
         uniforms=u,
         typical=options.typical,
         check_read_values=rides,

@@ -38,12 +38,16 @@ class BackendTraits:
     ``checks_what_it_reads``: under ``validate=True`` it checks the values its decision reads
     during its own passes (``VerifyInputs.check_read_values``), so the front door skips its
     full-row scans.
+    ``sampled_methods``: the rules it implements for sampled rows (every backend does greedy);
+    dispatch gives ``auto`` a backend that has the call's method, and refuses an explicit one
+    that lacks it.
     """
 
     is_reference: bool = False
     statistical_sizes: bool = True
     full_conformance_sizes: bool = True
     checks_what_it_reads: bool = False
+    sampled_methods: tuple[str, ...] = ("rejection", "typical")
 
 
 @dataclass(frozen=True)

@@ -661,7 +661,8 @@ class TorchBackend(Backend):
     """Eager torch on the device the inputs live on (``torch:cpu``, ``torch:cuda``, ...)."""
 
     name = "torch"
-    traits = BackendTraits(checks_what_it_reads=True)  # validate=True rides on its passes
+    traits = BackendTraits(checks_what_it_reads=True,  # validate=True rides on its passes
+                           sampled_methods=("rejection", "typical", "block"))
     description = "device-generic eager torch (numpy argmax fast path on CPU float32)"
     devices = ("cpu", "cuda", "xpu")
 

@@ -15,8 +15,10 @@ PLACEHOLDER_TOKEN_ID = -1
 INVALID_DRAFT_TOKEN_ID = -1
 """A draft slot with no proposal (serving engines pad with it): it ends the request's drafts."""
 
-Method = Literal["auto", "greedy", "rejection", "typical"]
-METHODS: tuple[str, ...] = ("auto", "greedy", "rejection", "typical")
+Method = Literal["auto", "greedy", "rejection", "typical", "block"]
+METHODS: tuple[str, ...] = ("auto", "greedy", "rejection", "typical", "block")
+SampledMethod = Literal["rejection", "typical", "block"]
+"""What a backend does on sampled rows (``auto`` and ``greedy`` never reach one as such)."""
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,7 @@ class VerifyInputs:
     temperature: Any  # float32 [B]; 0 marks a greedy row
     all_greedy: bool  # known on the host: every row is greedy (no softmax, no randomness)
     none_greedy: bool  # known on the host: no row is greedy (skip the argmax pass)
-    sampled_method: Literal["rejection", "typical"]
+    sampled_method: SampledMethod
     uniforms: Any | None  # float32 [B, K+1] in (0, 1]; None when all_greedy
     typical: TypicalParams = DEFAULT_TYPICAL
     # The default level of validation rides on the backend's own passes (docs/semantics.md,
