@@ -191,9 +191,10 @@ def select_backend(requested: str, device_type: str, method: str | None = None) 
         return get_backend(candidates[-1])  # raises, naming why
     backend = get_backend(_canonical(requested, device_type))
     if not _has_method(backend, method):
+        has = list(backend.traits.sampled_methods)
         raise ValueError(f"method={method!r} is not implemented by backend "
-                         f"{backend.qualified_name!r} (it has {list(backend.traits.sampled_methods)}"
-                         f"); use backend=\"auto\" or one of {_backends_with(method)}")
+                         f"{backend.qualified_name!r} (it has {has}); use backend=\"auto\" or "
+                         f"one of {_backends_with(method)}")
     return backend
 
 
