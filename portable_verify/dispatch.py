@@ -40,7 +40,7 @@ log = logging.getLogger("portable_verify")
 
 _REGISTRY: dict[str, Callable[[str | None], Backend]] = {}
 _CACHE: dict[str, Backend] = {}
-_SELECTED: dict[tuple[str, str, Any], Backend] = {}
+_SELECTED: dict[tuple[str, str, str | None, Any], Backend] = {}
 
 
 def register_backend(name: str, factory: Callable[[str | None], Backend]) -> None:
@@ -159,35 +159,39 @@ def _warn_once(requested: str, skipped: str, reason: str, chosen: str) -> None:
                 requested, skipped, reason, chosen)
 
 
-def select_backend(requested: str, device_type: str) -> Backend:
+def select_backend(requested: str, device_type: str, method: str | None = None) -> Backend:
     """Resolve ``backend=`` for inputs on ``device_type``.
 
     ``"auto"`` honours ``PORTABLE_VERIFY_BACKEND`` first, then the preference list of the
     device type (:data:`AUTO_PREFERENCE`); anything else names one backend, which must run.
-    The answer is cached per name, device type and ``PORTABLE_VERIFY_BACKEND`` (this runs on
-    every call; registering a backend forgets it).
+    ``method``: the rule of the call's sampled rows (None: greedy only, which every backend
+    does); ``auto`` skips backends without it and an explicit backend without it is refused.
+    The answer is cached per name, device type, method and ``PORTABLE_VERIFY_BACKEND`` (this
+    runs on every call; registering a backend forgets it).
     """
     if not isinstance(requested, str):
         raise TypeError(f"backend must be a backend name (str), got {requested!r}")
-    key = (requested, device_type, _override_key())
+    key = (requested, device_type, method, _override_key())
     backend = _SELECTED.get(key)
     if backend is None:
-        backend = _SELECTED[key] = _select(requested, device_type)
+        backend = _SELECTED[key] = _select(requested, device_type, method)
     return backend
 
 
-def _select(requested: str, device_type: str) -> Backend:
+def _select(requested: str, device_type: str, method: str | None) -> Backend:
     if not isinstance(requested, str):
         raise TypeError(f"backend must be a backend name (str), got {requested!r}")
     requested = ALIASES.get(requested, requested)
     if requested == "auto":
         override = os.environ.get(ENV_BACKEND, "").strip()
         if override and override != "auto":
-            return _select(override, device_type)
+            return _select(override, device_type, method)
         requested = f"auto:{device_type}"
     if requested.startswith("auto:"):
         wanted = requested.partition(":")[2]
         candidates = AUTO_PREFERENCE.get(wanted, (f"torch:{wanted}",))
+        candidates = tuple(n for n in candidates if _has_method(_instantiate(n), method)) or (
+            f"torch:{wanted}",)
         for i, name in enumerate(candidates):
             backend = _instantiate(name)
             status = backend.availability()
@@ -197,7 +201,22 @@ def _select(requested: str, device_type: str) -> Backend:
                                _instantiate(candidates[0]).availability().reason, name)
                 return backend
         return get_backend(candidates[-1])  # raises, naming why
-    return get_backend(_canonical(requested, device_type))
+    backend = get_backend(_canonical(requested, device_type))
+    if not _has_method(backend, method):
+        has = list(backend.traits.sampled_methods)
+        raise ValueError(f"method={method!r} is not implemented by backend "
+                         f"{backend.qualified_name!r} (it has {has}); use backend=\"auto\" or "
+                         f"one of {_backends_with(method)}")
+    return backend
+
+
+def _has_method(backend: Backend, method: str | None) -> bool:
+    return method is None or method in backend.traits.sampled_methods
+
+
+def _backends_with(method: str | None) -> list[str]:
+    """The available backends that implement ``method`` (for an error message)."""
+    return [n for n in available_backends() if _has_method(_instantiate(n), method)]
 
 
 try:  # CPython keeps the environment in an encoded dict: reading it costs 0.05 us, not 0.7
@@ -232,7 +251,8 @@ def run(requested: str | Backend, inputs: VerifyInputs) -> tuple[torch.Tensor, t
     ``inputs``; int64 tensors on the inputs' device."""
     device = inputs.target.device
     backend = (requested if isinstance(requested, Backend)
-               else select_backend(requested, device.type))
+               else select_backend(requested, device.type,
+                                   None if inputs.all_greedy else inputs.sampled_method))
     if backend.torch_device_type() != device.type:
         raise ValueError(
             f"backend={backend.qualified_name!r} runs on {backend.torch_device_type()} tensors; "

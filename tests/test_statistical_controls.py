@@ -23,10 +23,9 @@ from portable_verify.testing.stats.chi_square import (
     merge_bins,
     power_against,
 )
-from portable_verify.testing.stats.exact_laws import EXACT, law_of_view
+from portable_verify.testing.stats.exact_laws import EXACT, EXACT_BLOCK, law_of_view
 from portable_verify.testing.stats.negative_controls import (
     CONTROLS,
-    POSITIVE_CONTROL,
     controls_registered,
 )
 from portable_verify.testing.stats.scenarios import SCENARIOS, views
@@ -39,11 +38,13 @@ SMALL = [name for name, s in SCENARIOS.items() if s.vocab <= 64]
 
 @pytest.mark.parametrize("name", SMALL)
 def test_exact_rule_law_is_the_target_law(name: str) -> None:
+    """Both exact rules (token-wise rejection and block verification) give the target's law."""
     scenario = SCENARIOS[name]
-    for view in views(scenario):
-        np.testing.assert_allclose(
-            law_of_view(scenario, EXACT, view), target_law(scenario, view), atol=1e-6
-        )
+    for rule in (EXACT, EXACT_BLOCK):
+        for view in views(scenario):
+            np.testing.assert_allclose(
+                law_of_view(scenario, rule, view), target_law(scenario, view), atol=1e-6
+            )
 
 
 def test_every_control_is_a_real_alternative_somewhere() -> None:
@@ -101,12 +102,15 @@ def test_false_alarm_rate_and_power_match_simulation() -> None:
         )
 
 
-def test_exact_rule_double_matches_the_reference_token_for_token() -> None:
+@pytest.mark.parametrize("name,control", [("sequence_joint", "_exact_rule"),
+                                          ("block_sequence_joint", "_exact_block_rule")])
+def test_exact_rule_double_matches_the_reference_token_for_token(name: str,
+                                                                 control: str) -> None:
     """The controls' harness is the reference when its rule is right (so bugs are the rule's)."""
-    scenario = dataclasses.replace(SCENARIOS["sequence_joint"], quick_trials=400)
+    scenario = dataclasses.replace(SCENARIOS[name], quick_trials=400)
     want = simulate(scenario, "numpy", quick=True)
     with controls_registered():
-        got = simulate(scenario, POSITIVE_CONTROL, quick=True)
+        got = simulate(scenario, control, quick=True)
     np.testing.assert_array_equal(got, want)
 
 
@@ -119,7 +123,7 @@ def test_negative_controls_are_caught_where_designed() -> None:
             result.stats["caught_by"][control]
         )
     assert not any(name.startswith("_") for name in pv.backend_status())  # cleaned up
-    # The headline check is designed for every control.
-    assert all(
-        "sequence_joint" in result.stats["designed_to_catch"][c] for c in CONTROLS
-    )
+    # The headline check of each method is designed for every control of that method.
+    for control, rule in CONTROLS.items():
+        headline = "sequence_joint" if rule.block is None else "block_sequence_joint"
+        assert headline in result.stats["designed_to_catch"][control], control

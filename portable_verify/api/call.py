@@ -53,7 +53,11 @@ def effective_counts(drafts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
 def decide(call: VerifyCall) -> VerifyResult:
     """Pick the backend for ``call``, run it, and shape the result."""
     device_type = "cpu" if call.host else call.target.device.type
-    backend = dispatch.select_backend(call.backend, device_type)
+    options = call.options
+    greedy_only = options.method == "greedy" or (type(call.temperature) is float
+                                                 and call.temperature == 0.0)
+    backend = dispatch.select_backend(call.backend, device_type,
+                                      None if greedy_only else options.sampled_method)
     if call.host and backend.traits.host_calls and call.validate != "full":
         try:
             tokens, accepted, emitted, counts = backend.run_call(call)
@@ -119,8 +123,10 @@ def _decide_inputs(call: VerifyCall, backend: Backend) -> VerifyResult:
             u = rng.uniforms_torch(seeds, offsets, k + 1)
     bonus = _bonus_argument(call.bonus, b, device, call.validate)
     # The default level rides on the passes of a backend that checks what it reads; "full"
-    # (and any other backend) scans every row here first.
-    rides = call.validate is True and backend.traits.checks_what_it_reads
+    # (and any other backend) scans every row here first. Block verification's backward scan
+    # reads a data-dependent set of rows: it is checked here too (docs/semantics.md).
+    rides = (call.validate is True and backend.traits.checks_what_it_reads
+             and options.sampled_method != "block")
     if call.validate:
         _check_values(call, counts, temps, u if explicit_u is not None else None, bonus,
                       scan_rows=not rides)

@@ -40,6 +40,9 @@ class BackendTraits:
     ``host_calls``: it decides a plain host call (:class:`VerifyCall`) itself, in
     :meth:`Backend.run_call`: row maps, ``-1`` cuts, temperatures, uniforms and the default
     checks included, so the front door builds nothing for it.
+    ``sampled_methods``: the rules it implements for sampled rows (every backend does greedy);
+    dispatch gives ``auto`` a backend that has the call's method, and refuses an explicit one
+    that lacks it.
     """
 
     is_reference: bool = False
@@ -47,6 +50,7 @@ class BackendTraits:
     full_conformance_sizes: bool = True
     checks_what_it_reads: bool = False
     host_calls: bool = False
+    sampled_methods: tuple[str, ...] = ("rejection", "typical")
 
 
 class ReadValueError(ValueError):

@@ -6,6 +6,8 @@ deliberate: each line should be checkable against the prose of the semantics doc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from portable_verify.backends.base import Availability, Backend, BackendTraits
@@ -82,6 +84,8 @@ def verify_one(
         return softmax(target[j], temperature) if is_logits else target[j].astype(np.float32)
 
     v = float(uniforms[-1])
+    if method == "block":
+        return block_one(drafts, p, draft_q, n, uniforms)
     emitted = []
     for j in range(n):
         x = int(drafts[j])
@@ -109,6 +113,64 @@ def verify_one(
                 return [*emitted, inverse_cdf_draw(residual, v)]
         emitted.append(x)
     return [*emitted, inverse_cdf_draw(p(n), v)]
+
+
+def block_one(drafts: np.ndarray, p: Callable[[int], np.ndarray], draft_q: np.ndarray | None,
+              n: int, uniforms: np.ndarray) -> list[int]:
+    """Block verification of one sampled request (docs/semantics.md, Block verification)."""
+    v_size = len(p(0))
+
+    def q(j: int) -> np.ndarray:
+        """Row ``j`` of the draft's distribution: one-hot at the draft without ``draft_probs``."""
+        if draft_q is not None:
+            return draft_q[j].astype(np.float32)
+        row = np.zeros(v_size, dtype=np.float32)
+        if 0 <= drafts[j] < v_size:
+            row[drafts[j]] = 1.0
+        return row
+
+    # P_j, j < n: the chance the chain up to j survives, min(P_{j-1} p_j(x_j) / q_j(x_j), 1).
+    chain = []
+    prev = np.float32(1.0)
+    for j in range(n):
+        x = int(drafts[j])
+        in_vocab = 0 <= x < v_size
+        px = p(j)[x] if in_vocab else np.float32(0.0)
+        qx = q(j)[x] if in_vocab else np.float32(0.0)
+        if prev == 0 or px == 0:
+            prev = np.float32(0.0)
+        elif qx == 0:
+            prev = np.float32(1.0)
+        else:
+            prev = min(prev * px / qx, np.float32(1.0))
+        chain.append(prev)
+
+    def residual(j: int) -> np.ndarray:
+        """``max(P_{j-1} p_j - q_j, 0)`` in float32 (``P_{-1} = 1``)."""
+        scale = chain[j - 1] if j > 0 else np.float32(1.0)
+        return np.maximum(scale * p(j) - q(j), np.float32(0))
+
+    # Backward scan: a = 1 + the last j with u_j <= P_j and u_j <= h_j (0 if none).
+    a = 0
+    for j in reversed(range(n)):
+        u = np.float32(uniforms[j])
+        if u > chain[j]:
+            continue  # h_j <= P_j: this position cannot be the last accepted one
+        if j == n - 1:  # h_{n-1} = P_{n-1}
+            a = n
+            break
+        z = float(np.sum(residual(j + 1), dtype=np.float64))  # Z_j, from rows j+1
+        h = z / (z + (1.0 - float(chain[j]))) if z > 0 else 0.0
+        if float(u) <= h:
+            a = j + 1
+            break
+    if a == n:
+        weights = p(n)  # the bonus draw (the caller's bonus_token_ids replace it downstream)
+    else:
+        weights = residual(a)
+        if not weights.any():
+            weights = p(a)  # empty residual: as in rejection, draw from the target itself
+    return [*(int(x) for x in drafts[:a]), inverse_cdf_draw(weights, float(uniforms[-1]))]
 
 
 def verify_reference(inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
@@ -145,7 +207,8 @@ class NumpyReferenceBackend(Backend):
     description = "numpy reference implementation (the executable specification)"
     array_kind = "numpy"
     # A Python loop per request: full conformance sizes would mostly compare it with itself.
-    traits = BackendTraits(is_reference=True, full_conformance_sizes=False)
+    traits = BackendTraits(is_reference=True, full_conformance_sizes=False,
+                           sampled_methods=("rejection", "typical", "block"))
 
     def availability(self) -> Availability:
         return Availability(True, "numpy is a core dependency")

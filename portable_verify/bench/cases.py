@@ -15,14 +15,17 @@ FULL_SHAPES: tuple[Shape, ...] = (FIXED_COST_SHAPE, (1, 2, 32000), (8, 4, 32000)
 QUICK_SHAPES: tuple[Shape, ...] = (FIXED_COST_SHAPE, (1, 2, 32000), (8, 4, 32000), (32, 4, 32000))
 SAMPLING_TEMPERATURE = 0.7
 DRAFT_CORRUPTION = 0.3  # share of drafts replaced by random ids, so rows reject at varied places
+BLOCK_DRAFT_NOISE = 1.0
+"""Block variants: the draft's logits are the target's plus N(0, this) noise, and drafts are
+sampled from the draft (block verification's gain needs a real draft distribution)."""
 
 
 @dataclass(frozen=True)
 class Variant:
     """One way of calling the verifier: a method plus the kind of inputs it receives."""
 
-    method: str  # greedy | rejection | typical
-    inputs: str  # logits | probs (probs always come with draft_probs)
+    method: str  # greedy | rejection | typical | block
+    inputs: str  # logits | probs (probs, and every block variant, come with draft_probs)
 
     @property
     def label(self) -> str:
@@ -41,6 +44,8 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("rejection", "logits"),
     Variant("rejection", "probs"),
     Variant("typical", "logits"),
+    Variant("block", "logits"),
+    Variant("block", "probs"),
 )
 
 
@@ -52,14 +57,15 @@ class CaseInputs:
     target: torch.Tensor  # [B, K+1, V] logits or probabilities
     draft_probs: torch.Tensor | None  # [B, K, V] or None
     seeds: torch.Tensor  # int64 [B]
+    acceptance: list[float] | None = None  # block variants: mean min(1, p/q) per position
 
     def verify_kwargs(self, variant: Variant) -> dict:
         """Keyword arguments shared by ``verify`` and ``dense_verify`` for this variant."""
         key = "target_logits" if variant.inputs == "logits" else "target_probs"
         kw: dict = {key: self.target, "method": variant.method}
-        if variant.inputs == "probs":
+        if variant.inputs == "probs" or variant.method == "block":
             kw["draft_probs"] = self.draft_probs
-        else:
+        if variant.inputs == "logits":
             kw["temperature"] = variant.temperature
         return kw
 
@@ -70,6 +76,8 @@ def make_inputs(shape: Shape, variant: Variant, dtype: torch.dtype, device: torc
     b, k, v = shape
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(b, k + 1, v, generator=g) * 3
+    if variant.method == "block":
+        return _block_inputs(logits, variant, dtype, device, g)
     drafts = logits[:, :k].argmax(-1)
     noise = torch.rand(b, k, generator=g) < DRAFT_CORRUPTION
     drafts = torch.where(noise, torch.randint(0, v, (b, k), generator=g), drafts)
@@ -87,6 +95,28 @@ def make_inputs(shape: Shape, variant: Variant, dtype: torch.dtype, device: torc
         draft_probs=draft_probs,
         seeds=torch.arange(b, dtype=torch.int64).to(device),
     )
+
+
+def _block_inputs(logits: torch.Tensor, variant: Variant, dtype: torch.dtype,
+                  device: torch.device, g: torch.Generator) -> CaseInputs:
+    """Drafts sampled from a draft distribution close to the target (tempered as the target
+    is), and each position's token-wise acceptance ``E min(1, p(x)/q(x))`` for the output."""
+    b, k1, v = logits.shape
+    k = k1 - 1
+    t = variant.temperature or 1.0
+    p = torch.softmax(logits / t, -1)
+    q = torch.softmax((logits[:, :k] + torch.randn(b, k, v, generator=g) * BLOCK_DRAFT_NOISE)
+                      / t, -1)
+    drafts = (torch.multinomial(q.reshape(b * k, v), 1, generator=g).reshape(b, k) if k
+              else torch.zeros(b, 0, dtype=torch.int64))
+    px = p[:, :k].gather(2, drafts.unsqueeze(2)).squeeze(2)
+    qx = q.gather(2, drafts.unsqueeze(2)).squeeze(2)
+    acceptance = torch.clamp(px / qx, max=1.0).mean(0).tolist()
+    target = logits if variant.inputs == "logits" else p
+    return CaseInputs(drafts=drafts.to(device), target=target.to(device=device, dtype=dtype),
+                      draft_probs=q.to(device=device, dtype=dtype),
+                      seeds=torch.arange(b, dtype=torch.int64).to(device),
+                      acceptance=[round(a, 3) for a in acceptance])
 
 
 def parse_shapes(text: str) -> tuple[Shape, ...]:

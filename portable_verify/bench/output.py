@@ -8,9 +8,10 @@ from pathlib import Path
 from typing import Any
 
 TIME_KEYS = ("verify", "dense", "floor", "argmax", "hf", "vllm_v0_typical", "verify_validated",
-             "verify_validated_full")
+             "verify_validated_full", "rejection_same_inputs")
 RATIO_KEYS = ("speedup_vs_dense", "x_floor", "x_argmax", "speedup_vs_argmax", "speedup_vs_hf",
-              "speedup_vs_vllm_typical", "validation_overhead", "validation_full_overhead")
+              "speedup_vs_vllm_typical", "validation_overhead", "validation_full_overhead",
+              "x_rejection")
 
 
 def write_json(path: str | Path, meta: dict[str, Any], cells: list[dict[str, Any]]) -> None:
@@ -62,9 +63,10 @@ def write_markdown(path: str | Path, meta: dict[str, Any], cells: list[dict[str,
         "",
         "| backend | dtype | B,K,V | variant | ours ms | spread ms | x faster than dense "
         "| x floor | x argmax | x faster than HF | x faster than vLLM v0 typical "
-        "| validation cost | full validation cost | targets "
+        "| validation cost | full validation cost | x rejection (same inputs) "
+        "| acceptance per position | targets "
         f"| {other} clock: x dense, x floor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         t, r, o = c["times_ms"], c["ratios"], c["other_clock_times_ms"]
@@ -80,9 +82,16 @@ def write_markdown(path: str | Path, meta: dict[str, Any], cells: list[dict[str,
             f"| {_fmt(r.get('speedup_vs_vllm_typical'), '.2f')} "
             f"| {_fmt(r['validation_overhead'], '.2f')} "
             f"| {_fmt(r.get('validation_full_overhead'), '.2f')} "
+            f"| {_fmt(r.get('x_rejection'), '.2f')} | {_acceptance(c)} "
             f"| {marks} | {o['dense'] / o['verify']:.1f}, {o['verify'] / o['floor']:.2f} |"
         )
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def _acceptance(cell: dict[str, Any]) -> str:
+    """Block variants' per-position token-wise acceptance of their drafts ("-" otherwise)."""
+    acc = cell.get("acceptance_per_position")
+    return "/".join(f"{a:.2f}" for a in acc) if acc else "-"
 
 
 def render_table(cells: list[dict[str, Any]], meta: dict[str, Any]) -> Any:
@@ -95,7 +104,7 @@ def render_table(cells: list[dict[str, Any]], meta: dict[str, Any]) -> Any:
     table = Table(title=title, title_justify="left")
     for col in ("device/backend", "dtype", "B,K,V", "variant", "ours", "dense", "floor",
                 "vs dense", "x floor", "x argmax", "vs HF", "vs vLLM typ", "valid.", "full v.",
-                "targets"):
+                "x rej.", "accept/pos", "targets"):
         table.add_column(col, justify="right" if col not in ("variant", "targets") else "left")
     for c in cells:
         t, r = c["times_ms"], c["ratios"]
@@ -107,7 +116,7 @@ def render_table(cells: list[dict[str, Any]], meta: dict[str, Any]) -> Any:
             _fmt(r["x_floor"], ".2f"), _fmt(r.get("x_argmax"), ".2f"),
             _fmt(r["speedup_vs_hf"], ".1f"), _fmt(r.get("speedup_vs_vllm_typical"), ".2f"),
             _fmt(r["validation_overhead"], ".2f"), _fmt(r.get("validation_full_overhead"), ".2f"),
-            marks,
+            _fmt(r.get("x_rejection"), ".2f"), _acceptance(c), marks,
         )
     return table
 

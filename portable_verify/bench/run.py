@@ -93,7 +93,16 @@ def _contenders(m: Measurement, inputs: CaseInputs, backends: list[str],
             lambda level=VALIDATION_CONTENDERS[key]: pv.verify(
                 inputs.drafts, seed=inputs.seeds, backend=backends[0], validate=level, **kw)
         )
-    contenders["dense"] = lambda: dense_verify(inputs.drafts, **kw)
+    if m.variant.method == "block":
+        # Token-wise rejection on the very same inputs, timed beside block (its target ratio);
+        # the dense baseline has no block rule, so it runs rejection too.
+        kw_rejection = {**kw, "method": "rejection"}
+        contenders["rejection_same_inputs"] = lambda: pv.verify(
+            inputs.drafts, seed=inputs.seeds, backend=backends[0], validate=False,
+            **kw_rejection)
+        contenders["dense"] = lambda: dense_verify(inputs.drafts, **kw_rejection)
+    else:
+        contenders["dense"] = lambda: dense_verify(inputs.drafts, **kw)
     parts = floor.must_read(inputs, m.variant)
     floor_impl, contenders["floor"] = floor.floor_callable(parts)
     contenders["argmax"] = lambda: torch.argmax(inputs.target, dim=-1)
@@ -104,7 +113,8 @@ def _contenders(m: Measurement, inputs: CaseInputs, backends: list[str],
                                           DEFAULT_TYPICAL.alpha)
     if vllm is not None:
         contenders["vllm_v0_typical"] = vllm
-    return contenders, {"floor_impl": floor_impl, "floor_bytes": floor.num_bytes(parts)}
+    return contenders, {"floor_impl": floor_impl, "floor_bytes": floor.num_bytes(parts),
+                        "acceptance": inputs.acceptance}
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -138,6 +148,7 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
                 "verify_validated": ms.get("validate") if name == backends[0] else None,
                 "verify_validated_full": (ms.get("validate_full") if name == backends[0]
                                           else None),
+                "rejection_same_inputs": ms.get("rejection_same_inputs"),
             },
             "clock": clock,
             "other_clock_times_ms": {"verify": other[f"verify:{name}"], "dense": other["dense"],
@@ -149,6 +160,7 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
             "floor_impl": info["floor_impl"],
             "floor_bytes": info["floor_bytes"],
             "floor_GBps": info["floor_bytes"] / (ms["floor"] * 1e-3) / 1e9,
+            "acceptance_per_position": info["acceptance"],
         }
         cell["ratios"] = {
             "speedup_vs_dense": _ratio(ms["dense"], t),
@@ -160,6 +172,7 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
             "speedup_vs_vllm_typical": _ratio(ms.get("vllm_v0_typical"), t),
             "validation_overhead": _ratio(cell["times_ms"]["verify_validated"], t),
             "validation_full_overhead": _ratio(cell["times_ms"]["verify_validated_full"], t),
+            "x_rejection": _ratio(t, ms.get("rejection_same_inputs")),
         }
         cell["targets"] = targets.evaluate(cell)
         cells.append(cell)

@@ -13,6 +13,7 @@ METRIC_TEXT = {
     "x_argmax": "x a bare torch.argmax",
     "speedup_vs_vllm_typical": "x faster than vLLM v0 typical",
     "validation_overhead": "x validate=False (validate=True)",
+    "x_rejection": "x rejection on the same inputs",
 }
 
 
@@ -59,6 +60,9 @@ TARGETS: tuple[Target, ...] = (
     Target("typical/logits", MID, "x_floor", "<=", 6.0),
     Target("typical/logits", BIG, "x_floor", "<=", 6.0),
     *(Target(v, None, "validation_overhead", "<=", 1.25) for v in VARIANTS),
+    # Block verification (issue 21), against rejection timed beside it on the same inputs.
+    Target("block/probs", None, "x_rejection", "<=", 1.5),
+    Target("block/logits", None, "x_rejection", "<=", 2.0),
 )
 
 

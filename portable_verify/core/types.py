@@ -15,9 +15,11 @@ PLACEHOLDER_TOKEN_ID = -1
 INVALID_DRAFT_TOKEN_ID = -1
 """A draft slot with no proposal (serving engines pad with it): it ends the request's drafts."""
 
-Method = Literal["auto", "greedy", "rejection", "typical"]
-METHODS: tuple[str, ...] = ("auto", "greedy", "rejection", "typical")
+Method = Literal["auto", "greedy", "rejection", "typical", "block"]
+METHODS: tuple[str, ...] = ("auto", "greedy", "rejection", "typical", "block")
 """``auto`` = ``rejection`` for sampled rows; greedy rows (temperature 0) always take greedy."""
+SampledMethod = Literal["rejection", "typical", "block"]
+"""What a backend does on sampled rows (``auto`` and ``greedy`` never reach one as such)."""
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ CHECK_MODULES: tuple[str, ...] = (
     # so a misspelt entry cannot shrink a conformance run without a word.
     "portable_verify.testing.checks.exact_decisions",
     "portable_verify.testing.checks.losslessness",
+    "portable_verify.testing.checks.block_verification",
     "portable_verify.testing.checks.seed_streams",
     "portable_verify.testing.checks.bad_input_errors",
     "portable_verify.testing.checks.memory_soak",

@@ -27,6 +27,12 @@ from portable_verify.testing.kit import CheckResult, check, summarize
 METHODS = ("greedy", "rejection", "typical")
 
 
+def methods_of(backend: str) -> tuple[str, ...]:
+    """:data:`METHODS` plus block verification where the backend has it."""
+    has_block = "block" in pv.get_backend(backend).traits.sampled_methods
+    return (*METHODS, "block") if has_block else METHODS
+
+
 def expect_error(call: dict[str, Any], backend: str, argument: str,
                  error: type[Exception]) -> str | None:
     """None when ``verify(**call)`` raises ``error`` naming ``argument``; else what went wrong."""
@@ -48,10 +54,17 @@ def expect_error(call: dict[str, Any], backend: str, argument: str,
 def raises(backend: str, quick: bool) -> CheckResult:
     """Every documented bad input raises ValueError/TypeError naming the argument."""
     failures = []
+    block = "block" in methods_of(backend)
     for case in BAD_CASES:
         problem = expect_error(case.build(), backend, case.argument, case.error)
         if problem:
             failures.append(f"{case.label}: {problem}")
+        call = case.build()
+        if block and "method" not in call:  # block calls are checked at the front door too
+            problem = expect_error({**call, "method": "block"}, backend, case.argument,
+                                   case.error)
+            if problem:
+                failures.append(f"{case.label} (block): {problem}")
     for case in FULL_ONLY_CASES:  # values the default level does not read
         problem = expect_error({**case.build(), "validate": "full"}, backend, case.argument,
                                case.error)
@@ -84,11 +97,12 @@ def no_mutation(backend: str, quick: bool) -> CheckResult:
     failures = []
     calls: list[tuple[str, dict[str, Any]]] = [
         (f"{method} {name}", {**build(), "method": method})
-        for method in METHODS for name, build in (("logits", valid_call), ("probs", probs_call))
+        for method in methods_of(backend)
+        for name, build in (("logits", valid_call), ("probs", probs_call))
     ]
     calls += [(f"bad: {c.label}", c.build()) for c in BAD_CASES if "device" not in c.label]
     calls += [(f"unvalidated: {label}", {**call, "validate": False})
-              for label, call in _garbage_calls()]
+              for label, call in _garbage_calls(methods_of(backend))]
     for label, call in calls:
         before = _snapshot(call)
         with contextlib.suppress(ValueError, TypeError):  # raising is fine; writing is not
@@ -100,11 +114,11 @@ def no_mutation(backend: str, quick: bool) -> CheckResult:
     return CheckResult("bad_input.no_mutation", not failures, detail, {"calls": len(calls)})
 
 
-def _garbage_calls() -> list[tuple[str, dict[str, Any]]]:
+def _garbage_calls(methods: tuple[str, ...] = METHODS) -> list[tuple[str, dict[str, Any]]]:
     """NaN/inf/negative inputs the contract says an unvalidated call must survive."""
     nan, inf = float("nan"), float("inf")
     out: list[tuple[str, dict[str, Any]]] = []
-    for method in METHODS:
+    for method in methods:
         for label, target_key, fill in (
             ("NaN logits row", "target_logits", nan),
             ("+inf logits entry", "target_logits", inf),
@@ -128,7 +142,8 @@ def _garbage_calls() -> list[tuple[str, dict[str, Any]]]:
 def unvalidated(backend: str, quick: bool) -> CheckResult:
     """validate=False: no checks run, and NaN/inf inputs still give in-range ids and shapes."""
     failures = []
-    for label, call in _garbage_calls():
+    garbage = _garbage_calls(methods_of(backend))
+    for label, call in garbage:
         with np.errstate(all="ignore"):  # the numpy reference meets the NaNs head-on
             res = pv.verify(**call, validate=False, backend=backend)
         target = call.get("target_logits", call.get("target_probs"))
@@ -149,7 +164,7 @@ def unvalidated(backend: str, quick: bool) -> CheckResult:
         problem = check_shapes(res, *call["draft_token_ids"].shape, call["target_probs"].shape[-1])
         if problem:
             failures.append(f"{label}: {problem}")
-    n = len(_garbage_calls()) + 2
+    n = len(garbage) + 2
     return CheckResult("bad_input.unvalidated", not failures,
                        summarize(failures) or f"{n} unvalidated calls returned well-formed results",
                        {"calls": n})

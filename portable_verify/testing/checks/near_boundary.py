@@ -98,10 +98,85 @@ def _draw_ambiguous(w: np.ndarray, v: float, abs_err: float) -> bool:
     return bool((np.abs(c - threshold) <= bound).any())
 
 
+BLOCK_SUM_RTOL = 1e-9
+"""Relative error allowed in ``Z_j`` from inputs given as probabilities: its float32 terms are
+the same in every backend, only the order of their float64 sum differs."""
+
+
+def _block_row_near_boundary(
+    drafts: np.ndarray, target: np.ndarray, q: np.ndarray | None, n: int, temperature: float,
+    is_logits: bool, u: np.ndarray, events: Counter[str],
+) -> bool:
+    """The reference's block path (docs/semantics.md) with every comparison's margin: a
+    ``u_j`` against ``P_j`` or ``h_j``, an empty-looking residual, the final draw."""
+    rtol = VALUE_RTOL if is_logits else 0.0
+    if n == 0:
+        events["block_no_drafts"] += 1
+        p0 = softmax(target[0], temperature) if is_logits else target[0].astype(np.float32)
+        return _draw_ambiguous(p0, float(u[-1]), rtol * float(p0.sum()))
+    p = [softmax(target[j], temperature) if is_logits else target[j].astype(np.float32)
+         for j in range(n + 1)]
+    v_size = len(p[0])
+    qs = []
+    for j in range(n):
+        row = np.zeros(v_size, np.float32) if q is None else q[j].astype(np.float32)
+        if q is None and 0 <= drafts[j] < v_size:
+            row[drafts[j]] = 1.0
+        qs.append(row)
+    chain, prev = [], np.float32(1.0)
+    for j in range(n):
+        x = int(drafts[j])
+        px = p[j][x] if 0 <= x < v_size else np.float32(0)
+        qx = qs[j][x] if 0 <= x < v_size else np.float32(0)
+        if is_logits and px == 0.0 and 0 <= x < v_size and np.isfinite(target[j][x]):
+            return True  # underflow: another softmax may give a tiny positive p(x)
+        prev = (np.float32(0) if prev == 0 or px == 0 else np.float32(1) if qx == 0
+                else min(prev * px / qx, np.float32(1)))
+        chain.append(prev)
+    # P_j carries the relative error of up to j + 1 probabilities from logits.
+    a = 0
+    for j in reversed(range(n)):
+        uj = float(u[j])
+        if _close(uj, float(chain[j]), (j + 2) * rtol):
+            return True
+        if uj > chain[j]:
+            continue
+        if j == n - 1:
+            a = n
+            break
+        terms = chain[j] * p[j + 1] - qs[j + 1]
+        z = float(np.maximum(terms, 0).sum(dtype=np.float64))
+        # Terms within rounding of 0 may be kept or clipped by another backend.
+        noise = float(np.abs(terms[np.abs(terms) <= 4 * (j + 3) * rtol * p[j + 1]]).sum())
+        if is_logits and z <= noise + 4 * v_size * _EPS32:
+            return True
+        h = z / (z + (1.0 - float(chain[j]))) if z > 0 else 0.0
+        if _close(uj, h, (j + 3) * rtol + BLOCK_SUM_RTOL):
+            return True
+        if uj <= h:
+            a = j + 1
+            break
+    events[f"block_a_{'n' if a == n else 'mid' if a else '0'}"] += 1
+    if a == n:
+        return _draw_ambiguous(p[n], float(u[-1]), rtol * float(p[n].sum()))
+    scale = chain[a - 1] if a > 0 else np.float32(1)
+    w = np.maximum(scale * p[a] - qs[a], np.float32(0))
+    widest = float(np.maximum(scale * p[a].astype(np.float64) * (1 + (a + 2) * rtol)
+                              - qs[a], 0).sum())
+    if is_logits and widest <= 4 * (a + 2) * rtol + 4 * v_size * _EPS32:
+        return True
+    if not w.any():
+        events["block_empty_residual"] += 1
+        w = p[a]
+    return _draw_ambiguous(w, float(u[-1]), 2 * (a + 2) * rtol * float(p[a].sum()))
+
+
 def _row_near_boundary(
     drafts: np.ndarray, target: np.ndarray, q: np.ndarray | None, n: int, temperature: float,
     is_logits: bool, method: str, u: np.ndarray, eps: float, alpha: float, events: Counter[str],
 ) -> bool:
+    if method == "block":
+        return _block_row_near_boundary(drafts, target, q, n, temperature, is_logits, u, events)
     rtol = VALUE_RTOL if is_logits else 0.0
     v = float(u[-1])
     for j in range(n + 1):

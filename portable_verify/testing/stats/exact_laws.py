@@ -18,6 +18,8 @@ import numpy as np
 
 from portable_verify.testing.stats.toy_decoding import START, Scenario
 
+BlockBug = Literal["none", "first_failure", "residual_late", "h_last_as_middle"]
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -32,9 +34,21 @@ class Rule:
     accept: Literal["ratio", "inverse"] = "ratio"
     recovered: Literal["residual", "target"] = "residual"
     bonus: Literal["target", "draft", "previous_row"] = "target"
+    block: BlockBug | None = None
+    """Block verification (docs/semantics.md) instead of token-wise rejection, with one bug:
+
+    * ``"none"``: the exact rule;
+    * ``"first_failure"``: ``a`` = the leading run of ``u_j <= h_j`` (stops at the first
+      failure instead of taking the last success);
+    * ``"residual_late"``: the residual at row ``a`` scaled by ``P_a`` (one row late) instead
+      of ``P_{a-1}``;
+    * ``"h_last_as_middle"``: at the last position ``h_{n-1} = Z / (Z + 1 - P_{n-1})`` as in
+      the middle, with ``q_{n-1}`` standing in for the missing ``q_n``, instead of ``P_{n-1}``.
+    """
 
 
 EXACT = Rule()
+EXACT_BLOCK = Rule(block="none")
 
 
 def accept_probs(rule: Rule, p: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -65,6 +79,47 @@ def bonus_law(rule: Rule, p: np.ndarray, last: tuple[np.ndarray, np.ndarray] | N
     return w / w.sum()
 
 
+def block_outcomes(rule: Rule, path: tuple[int, ...], p: list[np.ndarray],
+                   q: list[np.ndarray]) -> list[tuple[float, np.ndarray]]:
+    """For a block step on draft ``path`` (rows ``p_0..p_n``, ``q_0..q_{n-1}``): per accepted
+    count ``a = 0..n``, its probability over the uniforms and the law of the emitted token."""
+    n = len(path)
+    chain, prev = [], 1.0
+    for j, x in enumerate(path):
+        px, qx = p[j][x], q[j][x]
+        prev = 0.0 if prev == 0 or px == 0 else 1.0 if qx == 0 else min(prev * px / qx, 1.0)
+        chain.append(prev)
+
+    def ratio(z: float, big_p: float) -> float:
+        return z / (z + 1.0 - big_p) if z > 0 else 0.0
+
+    h = []
+    for j in range(n):
+        if j < n - 1:
+            hj = ratio(np.maximum(chain[j] * p[j + 1] - q[j + 1], 0).sum(), chain[j])
+        elif rule.block == "h_last_as_middle":
+            hj = ratio(np.maximum(chain[j] * p[n] - q[n - 1], 0).sum(), chain[j])
+        else:
+            hj = chain[j]
+        h.append(min(hj, chain[j]))
+    if rule.block == "first_failure":
+        probs = [float(np.prod(h[:a])) * (1.0 - h[a]) for a in range(n)] + [float(np.prod(h))]
+    else:
+        probs = [(1.0 if a == 0 else h[a - 1]) * float(np.prod([1.0 - t for t in h[a:]]))
+                 for a in range(n)] + [h[n - 1]]
+    out = []
+    for a in range(n + 1):
+        if a == n:
+            w = p[n]
+        else:
+            scale = chain[a] if rule.block == "residual_late" else (chain[a - 1] if a else 1.0)
+            w = np.maximum(scale * p[a] - q[a], 0.0)
+            if not w.sum() > 0:
+                w = p[a]
+        out.append((probs[a], w / w.sum()))
+    return out
+
+
 def sequence_law(scenario: Scenario, rule: Rule, need: int) -> np.ndarray:
     """Exact probabilities (shape ``(V,) * need``) of the first ``need`` emitted tokens."""
     s = scenario
@@ -91,10 +146,43 @@ def sequence_law(scenario: Scenario, rule: Rule, need: int) -> np.ndarray:
             out[y] = w[y] * fresh(state(int(y), pos + 1), pos + 1, need - 1)
         return out
 
+    def emit(prefix: tuple[int, ...], w: np.ndarray, pos: int, need: int) -> np.ndarray:
+        """Tokens ``prefix`` from ``pos`` on, then ``y ~ w`` and a fresh step (first ``need``)."""
+        out = np.zeros((v,) * need)
+        if len(prefix) >= need:
+            out[prefix[:need]] = 1.0
+            return out
+        out[prefix] = then(w, pos + len(prefix), need - len(prefix))
+        return out
+
+    def block_call(st: int, pos: int, m: int, need: int) -> np.ndarray:
+        """A block-verification step with ``m`` drafts: every draft path, then every ``a``."""
+        out = np.zeros((v,) * need)
+        for path, weight, states in draft_paths(st, pos, m):
+            p_rows = [p_tab[c] for c in states]
+            q_rows = [np.eye(v)[x] if s.deterministic_draft else q_tab[c]
+                      for x, c in zip(path, states, strict=False)]
+            for a, (prob_a, w) in enumerate(block_outcomes(rule, path, p_rows, q_rows)):
+                if prob_a > 0:
+                    out += weight * prob_a * emit(path[:a], w, pos, need)
+        return out
+
+    def draft_paths(st: int, pos: int, m: int) -> list[tuple[tuple[int, ...], float, list]]:
+        """Every draft path of length ``m``: (tokens, probability, states of rows 0..m)."""
+        paths = [((), 1.0, [st])]
+        for j in range(m):
+            paths = [((*path, int(x)), w * prop[states[-1], x],
+                      [*states, state(int(x), pos + j + 1)])
+                     for path, w, states in paths for x in np.flatnonzero(prop[states[-1]])]
+        return paths
+
     def call(st: int, pos: int, m: int, need: int, last: tuple | None) -> np.ndarray:
         """Inside a step: ``m`` drafts left, state ``st``, next token at position ``pos``."""
         if need == 0:
             return np.array(1.0)
+        if rule.block is not None:
+            return block_call(st, pos, m, need) if m > 0 else then(
+                p_tab[st] / p_tab[st].sum(), pos, need)
         p = p_tab[st]
         if m == 0:
             return then(bonus_law(rule, p, last), pos, need)
@@ -124,8 +212,8 @@ def law_of_view(
     computed for small vocabularies.
     """
     need = max(view) + 1
-    if need > 1 and scenario.vocab > 64:
-        return None
+    if (need > 1 or rule.block is not None) and scenario.vocab > 64:
+        return None  # block steps enumerate every draft path: V ** K
     law = sequence_law(scenario, rule, need)
     drop = tuple(i for i in range(need) if i not in view)
     return law.sum(axis=drop) if drop else law

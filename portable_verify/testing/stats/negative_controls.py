@@ -16,19 +16,26 @@ from contextlib import contextmanager
 import torch
 
 import portable_verify as pv
-from portable_verify.backends.base import Availability, Backend
+from portable_verify.backends.base import Availability, Backend, BackendTraits
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
-from portable_verify.testing.stats.exact_laws import EXACT, Rule
+from portable_verify.testing.stats.exact_laws import EXACT, EXACT_BLOCK, Rule
 
 CONTROLS: dict[str, Rule] = {
     "_wrong_recovered_from_p": Rule(recovered="target"),
     "_wrong_accept_q_over_p": Rule(accept="inverse"),
     "_wrong_bonus_from_q": Rule(bonus="draft"),
     "_wrong_bonus_row": Rule(bonus="previous_row"),
+    "_wrong_block_first_failure": Rule(block="first_failure"),
+    "_wrong_block_residual_late": Rule(block="residual_late"),
+    "_wrong_block_h_last_as_middle": Rule(block="h_last_as_middle"),
 }
-"""Each wrong verifier and the bug it carries (see :class:`Rule`)."""
+"""Each wrong verifier and the bug it carries (see :class:`Rule`). A control runs its own rule
+whatever ``method`` the call names (block controls in token-wise scenarios too: both methods
+must give the target's law, so either kind of scenario can catch either kind of bug)."""
 
 POSITIVE_CONTROL = "_exact_rule"
+POSITIVE_CONTROLS: dict[str, Rule] = {POSITIVE_CONTROL: EXACT, "_exact_block_rule": EXACT_BLOCK}
+"""The same test double with each correct rule: it must pass every check."""
 
 
 class RuleBackend(Backend):
@@ -39,6 +46,7 @@ class RuleBackend(Backend):
 
     array_kind = "torch"
     description = "a statistical negative control (not a real backend)"
+    traits = BackendTraits(sampled_methods=("rejection", "typical", "block"))
 
     def __init__(self, name: str, rule: Rule) -> None:
         super().__init__()
@@ -61,6 +69,8 @@ class RuleBackend(Backend):
         u = inputs.uniforms
         px = p[:, :k].gather(2, x.unsqueeze(2)).squeeze(2)
         qx = q.gather(2, x.unsqueeze(2)).squeeze(2)
+        if self.rule.block is not None:
+            return self._block(x, n, p, q, px, qx, u)
         if self.rule.accept == "ratio":
             accept = (px > 0) & (u[:, :k] * qx <= px)
         else:
@@ -92,6 +102,58 @@ class RuleBackend(Backend):
         return tokens, a
 
 
+    def _block(self, x: torch.Tensor, n: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
+               px: torch.Tensor, qx: torch.Tensor,
+               u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Block verification from dense rows, with the rule's one bug (or none)."""
+        bug = self.rule.block
+        b, k = x.shape
+        ar, pos = torch.arange(b), torch.arange(k)
+        prev, chain = torch.ones(b), []
+        for j in range(k):
+            ratio = torch.clamp(prev * px[:, j] / qx[:, j], max=1.0)
+            prev = torch.where((prev == 0) | (px[:, j] == 0), 0.0,
+                               torch.where(qx[:, j] == 0, 1.0, ratio))
+            chain.append(prev)
+
+        def ratio_h(z: torch.Tensor, big_p: torch.Tensor) -> torch.Tensor:
+            return torch.where(z > 0, z / (z + 1 - big_p.double()), 0.0)
+
+        h = torch.zeros(b, k, dtype=torch.float64)
+        for j in range(k):
+            big_p = chain[j]
+            mid = (ratio_h((big_p[:, None] * p[:, j + 1] - q[:, j + 1]).clamp(min=0)
+                           .sum(1, dtype=torch.float64), big_p) if j + 1 < k
+                   else torch.zeros(b, dtype=torch.float64))
+            last = big_p.double()
+            if bug == "h_last_as_middle":
+                last = ratio_h((big_p[:, None] * p[:, j + 1] - q[:, j]).clamp(min=0)
+                               .sum(1, dtype=torch.float64), big_p)
+            h[:, j] = torch.minimum(torch.where(n == j + 1, last, mid), big_p.double())
+        ok = (u[:, :k].double() <= h) & (pos < n.unsqueeze(1))
+        if bug == "first_failure":
+            a = torch.cumprod(ok.long(), dim=1).sum(1)
+        else:
+            a = (ok.long() * (pos + 1)).amax(1) if k > 0 else n.clone()
+        p_a = p[ar, a]
+        if k > 0:
+            chain_t = torch.stack(chain, 1)
+            scale = (chain_t[ar, a.clamp(max=k - 1)] if bug == "residual_late"
+                     else torch.where(a > 0, chain_t[ar, (a - 1).clamp(min=0)], 1.0))
+            residual = (scale[:, None] * p_a - q[ar, a.clamp(max=k - 1)]).clamp(min=0)
+            residual = torch.where(residual.sum(1, keepdim=True) > 0, residual, p_a)
+            weights = torch.where((a < n).unsqueeze(1), residual, p_a)
+        else:
+            weights = p_a
+        c = torch.cumsum(weights, 1)
+        final = torch.searchsorted(c, (u[:, k] * c[:, -1]).unsqueeze(1)).squeeze(1)
+        final = final.clamp(max=p.shape[-1] - 1)
+        pos1 = torch.arange(k + 1)
+        padded = torch.cat([x, x.new_zeros(b, 1)], 1)
+        tokens = torch.where(pos1 < a.unsqueeze(1), padded, final.unsqueeze(1))
+        return tokens.masked_fill(pos1 > a.unsqueeze(1), PLACEHOLDER_TOKEN_ID), a
+
+
 def _target_probs(inputs: VerifyInputs) -> torch.Tensor:
     rows = inputs.target[inputs.target_rows].float()
     if not inputs.target_is_logits:
@@ -105,7 +167,7 @@ def controls_registered() -> Iterator[list[str]]:
 
     Unregistered afterwards so no later ``backend_status()`` in the same process lists them.
     """
-    rules = {**CONTROLS, POSITIVE_CONTROL: EXACT}
+    rules = {**CONTROLS, **POSITIVE_CONTROLS}
     for name, rule in rules.items():
         pv.register_backend(name, lambda _device, n=name, r=rule: RuleBackend(n, r))
     try:

@@ -54,6 +54,7 @@ def _scenarios() -> dict[str, Scenario]:
     zipf_p = _zipf_rows(g, 2, 1.1)
     zipf_q = _zipf_rows(g, 2, 1.0)
     markov = {"kind": "markov"}
+    block = {"kind": "markov", "method": "block"}
     cases = [
         Scenario("sequence_joint", target=p, proposal=q, **markov),
         Scenario("draft_equals_target", target=p, proposal=p, num_drafts=3, ragged=False, **markov),
@@ -71,6 +72,21 @@ def _scenarios() -> dict[str, Scenario]:
                  dtype=torch.float16, **markov),
         Scenario("large_vocab_marginals", kind="positional", target=zipf_p, proposal=zipf_q,
                  trials=8_192, quick_trials=4_096, chunk=2_048, validate=False),
+        # Block verification (issue 21): the same law, a chain judged at once. K = 3 and three
+        # tokens in the headline one, so a later success overriding an earlier failure reaches
+        # the tested positions.
+        Scenario("block_sequence_joint", target=p, proposal=q, num_drafts=3, length=3, **block),
+        Scenario("block_draft_equals_target", target=p, proposal=p, num_drafts=3, ragged=False,
+                 **block),
+        Scenario("block_draft_far_from_target", target=p, proposal=far, **block),
+        Scenario("block_draft_zeros_where_target_has_mass", target=p, proposal=_normalise(q_zeros),
+                 **block),
+        Scenario("block_target_zeros_where_draft_has_mass", target=_normalise(p_zeros),
+                 proposal=_rows(g, 1.0), **block),
+        Scenario("block_temperature_from_logits", target=logits, proposal=q, logits=True,
+                 temperature=0.7, **block),
+        Scenario("block_deterministic_draft", target=p, proposal=q, deterministic_draft=True,
+                 **block),
     ]
     return {c.name: c for c in cases}
 

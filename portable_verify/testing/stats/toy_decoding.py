@@ -47,6 +47,7 @@ class Scenario:
     chunk: int = 0  # requests per verify call (0: all at once); fixed so shapes stay constant
     validate: bool = True  # False where input validation would cost more than the sampling
     seed: int = 0
+    method: str = "rejection"  # the verify method under test (rejection or block: both exact)
 
     @property
     def vocab(self) -> int:
@@ -143,6 +144,7 @@ def _decode_chunk(s: Scenario, backend: str, b: int, rng: np.random.Generator) -
             seed=seeds,
             seed_offset=step,
             backend=backend,
+            method=s.method,
             validate=s.validate,
             **kwargs,
         )

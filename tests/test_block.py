@@ -1,0 +1,113 @@
+"""Block verification (issue 21): hand-worked decisions, dispatch by method, and the controls of
+``stat.block_acceptance``. The joint law and the comparison with the reference on every backend
+are conformance checks (``stat.block_*``, ``exact.block``, tests/test_conformance.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import portable_verify as pv
+from portable_verify import dispatch
+from portable_verify.testing.checks.block_verification import block_acceptance
+from portable_verify.testing.stats.negative_controls import controls_registered
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BLOCK_BACKENDS = ["numpy", "torch"]
+
+# V = 2, K = 2. p_0 = (1/2, 1/2), q_0 = (1, 0); p_1 = (1/2, 1/2), q_1 = (1/4, 3/4).
+# Drafts x = (0, 1): P_0 = 1/2, P_1 = min(1/2 * (1/2) / (3/4), 1) = 1/3.
+# Z_0 = max(1/4 - 1/4, 0) + max(1/4 - 3/4, 0) = 0, so h_0 = 0; h_1 = P_1 = 1/3.
+P = torch.tensor([[[0.5, 0.5], [0.5, 0.5], [0.25, 0.75]]])
+Q = torch.tensor([[[1.0, 0.0], [0.25, 0.75]]])
+X = torch.tensor([[0, 1]])
+
+
+def _block(uniforms: list[float], backend: str, **kw) -> list[int]:
+    res = pv.verify(X, target_probs=P, draft_probs=Q, uniforms=torch.tensor([uniforms]),
+                    method="block", backend=backend, **kw)
+    return res.token_ids[0].tolist()
+
+
+@pytest.mark.parametrize("backend", BLOCK_BACKENDS)
+def test_a_later_success_overrides_an_earlier_failure(backend: str) -> None:
+    """u_0 = 0.9 > P_0 fails position 0, u_1 = 0.25 <= h_1 = 1/3: both drafts are accepted
+    (token-wise rejection stops at position 0); the bonus comes from p_2 = (1/4, 3/4)."""
+    assert _block([0.9, 0.25, 0.5], backend) == [0, 1, 1]
+    rejection = pv.verify(X, target_probs=P, draft_probs=Q, method="rejection", backend=backend,
+                          uniforms=torch.tensor([[0.9, 0.25, 0.5]]))
+    assert rejection.num_accepted.item() == 0
+
+
+@pytest.mark.parametrize("backend", BLOCK_BACKENDS)
+def test_no_success_draws_from_the_first_residual(backend: str) -> None:
+    """u_1 = 0.5 > h_1 and h_0 = 0: a = 0, drawn from max(p_0 - q_0, 0) = (0, 1/2): token 1."""
+    assert _block([0.1, 0.5, 0.01], backend) == [1, -1, -1]
+
+
+@pytest.mark.parametrize("backend", BLOCK_BACKENDS)
+def test_caller_bonus_replaces_the_bonus_draw_only(backend: str) -> None:
+    bonus = torch.tensor([0])
+    assert _block([0.9, 0.25, 0.99], backend, bonus_token_ids=bonus) == [0, 1, 0]
+    assert _block([0.1, 0.5, 0.01], backend, bonus_token_ids=bonus) == [1, -1, -1]
+
+
+@pytest.mark.parametrize("backend", BLOCK_BACKENDS)
+def test_draft_equal_to_target_accepts_everything(backend: str) -> None:
+    gen = torch.Generator().manual_seed(3)
+    p = torch.softmax(torch.randn(64, 4, 7, generator=gen), -1)
+    drafts = torch.randint(0, 7, (64, 3), generator=gen)
+    res = pv.verify(drafts, target_probs=p, draft_probs=p[:, :3], method="block", seed=1,
+                    backend=backend)
+    assert (res.num_accepted == 3).all()
+
+
+@pytest.mark.parametrize("backend", BLOCK_BACKENDS)
+def test_minus_one_drafts_act_as_shorter_counts(backend: str) -> None:
+    gen = torch.Generator().manual_seed(4)
+    p = torch.softmax(torch.randn(16, 4, 6, generator=gen), -1)
+    q = torch.softmax(torch.randn(16, 3, 6, generator=gen), -1)
+    drafts = torch.randint(0, 6, (16, 3), generator=gen)
+    cut = drafts.clone()
+    cut[:, 2] = -1
+    kw = {"target_probs": p, "draft_probs": q, "method": "block", "seed": 9, "backend": backend}
+    with_cut = pv.verify(cut, **kw)
+    shorter = pv.verify(drafts, num_draft_tokens=torch.full((16,), 2), **kw)
+    assert torch.equal(torch.as_tensor(with_cut.token_ids), torch.as_tensor(shorter.token_ids))
+
+
+def test_auto_takes_a_backend_with_block_and_an_explicit_one_without_is_refused() -> None:
+    assert "block" in dispatch.select_backend("auto", "cpu", "block").traits.sampled_methods
+    numba = pv.get_backend("numba")
+    if "block" in numba.traits.sampled_methods:
+        pytest.skip("numba implements block now")
+    auto = pv.verify(X, target_probs=P, draft_probs=Q, method="block", seed=2)
+    ref = pv.verify(X, target_probs=P, draft_probs=Q, method="block", seed=2, backend="numpy")
+    assert torch.equal(auto.token_ids, ref.token_ids)
+    with pytest.raises(ValueError, match=r"method='block'.*numba"):
+        pv.verify(X, target_probs=P, draft_probs=Q, method="block", backend="numba")
+    # Greedy calls never need the method: any backend takes them.
+    pv.verify(X, target_probs=P, method="block", temperature=0.0, backend="numba")
+
+
+def test_numpy_inputs_through_the_lean_path_are_decided_by_block() -> None:
+    """The lean CPU path does not know block: numpy inputs reach the full front door."""
+    args = {"target_probs": P.numpy(), "draft_probs": Q.numpy(), "method": "block"}
+    res = pv.verify(X.numpy(), uniforms=np.array([[0.9, 0.25, 0.5]], np.float32), **args)
+    assert res.token_ids.tolist() == [[0, 1, 1]]
+
+
+def test_wrong_block_rules_fail_the_acceptance_check() -> None:
+    """Negative controls of ``stat.block_acceptance``: a rule that stops at the first failure
+    or takes ``h`` at the last position as in the middle moves the mean accepted count far
+    outside the closed form; the correct rule in the same test double passes the block tests
+    (its "paired rejection" line fails only because a control runs block for every method)."""
+    with controls_registered():
+        exact = block_acceptance("_exact_block_rule", quick=True)
+        wrong = {c: block_acceptance(c, quick=True) for c in
+                 ("_wrong_block_first_failure", "_wrong_block_h_last_as_middle")}
+    assert "case" not in exact.detail and "paired block" not in exact.detail, exact.detail
+    for control, result in wrong.items():
+        assert not result.passed and "paired block" in result.detail, (control, result.detail)
