@@ -21,9 +21,10 @@ from typing import Any
 _MARKER = "@@portable_verify.isolation@@"
 
 _CHILD = f"""
-import importlib, importlib.util, json, sys
+import importlib, importlib.util, json, os, sys
 where, name = sys.argv[1].rsplit(":", 1)
 if where.endswith(".py"):
+    sys.path.insert(0, os.path.dirname(os.path.abspath(where)))  # as when run as a script
     spec = importlib.util.spec_from_file_location("_isolated_target", where)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -1,4 +1,4 @@
-"""The lean CPU front door (api/host_path.py) and the compiled backend behind it.
+"""Plain calls (contiguous CPU arrays of the canonical dtypes) and the compiled backend behind them.
 
 The conformance kit already compares ``numba:cpu`` with the reference through the public call
 (so through this path); these tests pin what the path itself promises: it is taken for plain
