@@ -123,27 +123,38 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     return tokens, accepted, emitted, out_counts, error == 0
 
 
+MAX_PADDING = 1 << 24
+"""Padding slots past the largest count (``max_num_draft_tokens``) the lean path allocates;
+a call asking for more is left to the full front door, which words its limit."""
+
+
 def ragged_arrays(flat: np.ndarray, layout: np.ndarray, from_cu: bool, n_target_rows: int,
                   max_k: int | None
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """``(drafts [B, K], counts [B], rows [B, K+1], draft_rows [B, K])`` of a flat call with
-    ``K = max_k`` (default: the largest count), or None when its counts do not fit it."""
-    if flat.dtype != np.int64 or layout.dtype != np.int64:
+    ``K = max_k`` (default: the largest count), or None when its counts do not fit it.
+
+    The counts are checked against ``N`` before anything is read through them or allocated
+    from them (a count past ``N`` once read outside ``flat``); None hands the call to the full
+    front door, which words the error.
+    """
+    if flat.dtype != np.int64 or layout.dtype != np.int64 or layout.ndim != 1:
         return None
+    if from_cu and layout.shape[0] == 0:
+        return None
+    flat = np.ascontiguousarray(flat)
+    layout = np.ascontiguousarray(layout)
+    largest = kernels.ragged_max_count(layout, from_cu, flat.shape[0], n_target_rows)
     b = layout.shape[0] - 1 if from_cu else layout.shape[0]
-    if max_k is None:
-        sizes = np.diff(layout) if from_cu else layout
-        max_k = int(sizes.max()) if b > 0 else 0
-    if max_k < 0:
+    if largest < 0 or (max_k is not None and not (
+            largest <= max_k and (max_k - largest) * b <= MAX_PADDING)):
         return None
-    drafts = np.empty((b, max_k), dtype=np.int64)
+    k = largest if max_k is None else max_k
+    drafts = np.empty((b, k), dtype=np.int64)
     counts = np.empty(b, dtype=np.int64)
-    rows = np.empty((b, max_k + 1), dtype=np.int64)
-    draft_rows = np.empty((b, max_k), dtype=np.int64)
-    if not kernels.ragged_layout(np.ascontiguousarray(flat), np.ascontiguousarray(layout),
-                                 from_cu, n_target_rows, max_k, drafts, counts, rows,
-                                 draft_rows):
-        return None
+    rows = np.empty((b, k + 1), dtype=np.int64)
+    draft_rows = np.empty((b, k), dtype=np.int64)
+    kernels.ragged_layout(flat, layout, from_cu, k, drafts, counts, rows, draft_rows)
     return drafts, counts, rows, draft_rows
 
 

@@ -20,12 +20,39 @@ Callable from other ``@njit`` code; call them on contiguous 1-D float32 rows.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
 __all__ = ["exp_sum", "exp_sum_dot", "residual", "residual_stats", "row_max", "row_stats"]
+
+
+
+def _probe() -> None:
+    """A function for :func:`_cache_usable` to decorate."""
+
+
+def _cache_usable() -> bool:
+    """Whether numba finds a writable cache location for this package's kernels.
+
+    Without one (read-only package directory and HOME, ``NUMBA_CACHE_DIR`` unset or read-only:
+    a container image) ``cache=True`` raises at decoration, which made the backend unusable.
+    Then every kernel compiles uncached, on each process's first call, and one line says so.
+    """
+    try:
+        njit(cache=True)(_probe)
+    except RuntimeError as error:
+        logging.getLogger("portable_verify").warning(
+            "numba kernels compile uncached (no writable cache location: %s)", error)
+        return False
+    return True
+
+
+JIT = {"nogil": True, "cache": _cache_usable()}
+"""The options of every kernel of the numba backend (``**JIT``)."""
 
 _INF_BITS = np.int32(0x7F800000)  # abs(bits) above this is NaN
 _NEG_INF_KEY = np.int32(-2139095041)  # key of -inf: 0xff800000 ^ 0x7fffffff = 0x807fffff
@@ -151,7 +178,7 @@ def _add_reassoc(typingctx, a, b):
     return a(a, a), codegen
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def row_max(row):
     """``(max, has_nan)`` of a float32 row; NaN is skipped by the max (all NaN or empty: -inf).
 
@@ -169,7 +196,7 @@ def row_max(row):
     return _key_f32(best), max_abs > _INF_BITS
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def row_stats(row):
     """``(low, has_nan, total)`` of a float32 row, for checking probability rows.
 
@@ -217,14 +244,14 @@ def _exp32(y):
     return _scale_pow2(q, kt)  # NaN: q is NaN, and so is the product
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
+@njit(**JIT, fastmath={"contract"})
 def _exp_row(row, m, t, out):
     """The exp pass, vectorized without reassociation (see :func:`_exp32`)."""
     for j in range(row.shape[0]):
         out[j] = _exp32((row[j] - m) / t)
 
 
-@njit(nogil=True, cache=True, fastmath={"reassoc"})
+@njit(**JIT, fastmath={"reassoc"})
 def _sum64(out):
     """float64 sum of a float32 row (reassociated, so it vectorizes)."""
     s = 0.0
@@ -236,7 +263,7 @@ def _sum64(out):
 _BLOCK = 512  # exp_sum_dot's float32 partial sums: 8 terms per vector lane, then a lane tree
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
+@njit(**JIT, fastmath={"contract"})
 def _exp_sum_dot_block(row, m, t, out):
     """exp, float32 sum and float32 dot of one block in one loop. float32 partial sums keep the
     loop at 16 float32 lanes (any float64 value in it halves the vector width, which costs more
@@ -252,7 +279,7 @@ def _exp_sum_dot_block(row, m, t, out):
     return s, d
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def exp_sum(row, m, t, out):
     """``out[j] = float32(exp((row[j] - m) / t))`` (float32 subtract and divide, as numpy);
     returns the float64 sum of ``out``. ``m`` is the row max, ``t > 0`` a normal float32."""
@@ -260,7 +287,7 @@ def exp_sum(row, m, t, out):
     return _sum64(out)
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def exp_sum_dot(row, m, t, out):
     """Like :func:`exp_sum`, also ``d = sum(out[j] * y[j])`` with ``y = (row - m) / t`` and
     zero terms where ``out[j] == 0`` (so ``0 * -inf`` is 0); entropy is ``log(s) - d / s``."""
@@ -277,7 +304,7 @@ def exp_sum_dot(row, m, t, out):
     return s, d
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def residual_stats(p, q, out):
     """``out = max(p - q, 0)`` (a NaN difference gives 0), plus, from the same pass, what the
     default validation asks of both rows as distributions: ``(bad_p, total_p, bad_q,
@@ -314,7 +341,7 @@ def residual_stats(p, q, out):
             low_q < 0 or high_q > _INF_BITS, np.float64(total_q))
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def residual(p, scale, q, out):
     """``out = max(p / scale - q, 0)`` in float32 (``scale`` 1 for probabilities, the
     exponentials' sum for logits; a NaN difference gives 0): a loop of its own so that it
