@@ -20,6 +20,7 @@ from numba import types
 from numba.extending import intrinsic
 
 from portable_verify.backends.numba_math import (
+    JIT,
     exp_sum,
     exp_sum_dot,
     residual,
@@ -28,8 +29,6 @@ from portable_verify.backends.numba_math import (
     row_stats,
 )
 from portable_verify.core import rng
-
-_JIT = {"nogil": True, "cache": True}
 
 # The counter hash of core/rng.py, as uint64 constants (its one source of truth).
 MASK32 = np.uint64(rng.MASK32)
@@ -49,7 +48,7 @@ ERROR_NONE = 0
 ERROR_VALUE = 1  # a value the decision reads is invalid: the caller words it (torch backend)
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _mix32(x):
     """core/rng.mix32 on uint64 holding a 32-bit value (products cannot overflow)."""
     x = x ^ (x >> np.uint64(16))
@@ -59,7 +58,7 @@ def _mix32(x):
     return x ^ (x >> np.uint64(16))
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _request_key(seed, offset):
     """core/rng.request_keys for one request (int64 seed and offset)."""
     s = np.uint64(seed)
@@ -70,14 +69,14 @@ def _request_key(seed, offset):
     return _mix32((o & MASK32) ^ k)
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _uniform(key, counter):
     """core/rng.uniform_bits as the float32 uniform in (0, 1]."""
     bits = _mix32(_mix32(key ^ np.uint64(counter)) ^ COUNTER_SALT) >> UNIFORM_SHIFT
     return np.float32(bits + np.uint64(1)) * UNIFORM_SCALE
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def row_seed(seed, row):
     """core/rng.row_seeds for one row: the seed of request ``row`` under one batch seed."""
     s = np.uint64(seed)
@@ -86,7 +85,7 @@ def row_seed(seed, row):
     return np.int64((_mix32(r ^ k) << np.uint64(31)) ^ _mix32(r ^ (k ^ COUNTER_SALT)))
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _argmax(row):
     """First index of the maximum; a NaN wins at its first index (as numpy's argmax)."""
     best = 0
@@ -103,7 +102,7 @@ def _argmax(row):
     return best
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _first_at_least(w, level):
     """First index with ``w >= level`` (the argmax of ``w`` when ``level`` is its maximum)."""
     for j in range(w.shape[0]):
@@ -112,7 +111,7 @@ def _first_at_least(w, level):
     return _argmax(w)
 
 
-@numba.njit(fastmath={"reassoc"}, **_JIT)
+@numba.njit(fastmath={"reassoc"}, **JIT)
 def _block_sum(block):
     """float64 sum of a float32 slice, reassociated so that it vectorises (not inlined by numba:
     its fast-math flag would be lost in a caller compiled without it)."""
@@ -122,7 +121,7 @@ def _block_sum(block):
     return s
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def draw(w, v):
     """Smallest ``t`` with ``cumsum(w)[t] >= v * sum(w)`` in float64, and the total.
 
@@ -134,7 +133,7 @@ def draw(w, v):
     return _pick(w, sums, total, v), total
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def draw_checked(w, v, atol):
     """:func:`draw`, and whether ``w`` is not a distribution (a negative or NaN entry, or a
     total not within ``atol`` of 1), found on the draw's own pass over the row."""
@@ -143,7 +142,7 @@ def draw_checked(w, v, atol):
     return _pick(w, sums, total, v), bad
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _block_sums(w, with_stats):
     """Per-block float64 sums and their total; with ``with_stats`` also the row's minimum and
     whether it holds a NaN (:func:`numba_math.row_stats` per block: the same pass)."""
@@ -165,7 +164,7 @@ def _block_sums(w, with_stats):
     return sums, total, low, has_nan
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _pick(w, sums, total, v):
     """The draw's second level: the crossing block from ``sums``, then a scan inside it."""
     size = w.shape[0]
@@ -188,19 +187,19 @@ def _pick(w, sums, total, v):
     return size - 1  # NaN weights (validate=False): an id in range
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _not_a_distribution(row, atol):
     """A row a draw reads in full: a negative or NaN entry, or a total not within ``atol`` of 1."""
     low, has_nan, total = row_stats(row)
     return not (low >= 0 and not has_nan and total < np.inf and abs(total - 1) <= atol)
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _bad_prob(x):
     return not (x >= 0 and x < np.inf)
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _greedy_request(target, rows, drafts, argmax_rows, i, n, is_logits, check):
     """``(accepted, final, bad)`` of greedy request ``i`` with ``n`` drafts: the longest prefix
     where draft == argmax, then the first unmatched argmax (or the bonus position's)."""
@@ -221,14 +220,14 @@ def _greedy_request(target, rows, drafts, argmax_rows, i, n, is_logits, check):
     return n, 0, bad
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _clamp(r, size):
     """A row index from the caller's maps kept inside the array (garbage under validate=False
     must not read outside it)."""
     return min(max(r, 0), size - 1)
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _count(counts, drafts, i, check):
     """``(n, n_raw, reported, bad)``: request ``i``'s draft count cut at its first ``-1``, the
     caller's count, the count the result reports (as ``api.call.effective_counts``)."""
@@ -245,7 +244,7 @@ def _count(counts, drafts, i, check):
     return n, n_raw, min(n_raw, cut), bad
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _bad_ids(drafts, bonus, i, n, v_size):
     """A draft id the decision reads, or the caller's bonus id, outside ``[0, V)``."""
     for j in range(n):
@@ -254,7 +253,7 @@ def _bad_ids(drafts, bonus, i, n, v_size):
     return bonus.shape[0] > 0 and (bonus[i] < 0 or bonus[i] >= v_size)
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _greedy_all(target, is_logits, drafts, counts, argmax_rows, bonus, check, out_tokens,
                 out_accepted, out_emitted, out_counts):
     error = ERROR_NONE
@@ -275,7 +274,7 @@ def _greedy_all(target, is_logits, drafts, counts, argmax_rows, bonus, check, ou
     return error
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def greedy(target, is_logits, drafts, counts, argmax_rows, bonus, check, out_tokens,
            out_accepted, out_emitted, out_counts):
     """:func:`decide` for a padded call whose every row is greedy (fewer arguments: a
@@ -296,7 +295,7 @@ def _pointer(typingctx, address, dtype):
     return pointer(types.int64, dtype), codegen
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def greedy_at(target_address, rows, v_size, is_logits, drafts_address, b, k, counts, bonus,
               check, out_tokens, out_accepted, out_emitted, out_counts):
     """:func:`greedy` on contiguous torch tensors given by address: making their numpy views
@@ -307,36 +306,7 @@ def greedy_at(target_address, rows, v_size, is_logits, drafts_address, b, k, cou
                        out_tokens, out_accepted, out_emitted, out_counts)
 
 
-@numba.njit(**_JIT)
-def ragged_layout(flat, layout, from_cu, n_target_rows, max_k, drafts, counts, rows, draft_rows):
-    """The padded view of a flat ("ragged") call, or False when its counts do not describe it.
-
-    ``layout`` holds per-request counts, or cumulative offsets from 0 (``from_cu``). Request
-    ``i`` owns drafts ``flat[c_i : c_i + n_i]`` and target rows ``c_i + i .. c_i + i + n_i``
-    (its bonus row last). Fills ``drafts [B, K]`` (0 past ``n_i``), ``counts [B]``, ``rows
-    [B, K+1]`` (position ``j > n_i`` maps to the bonus row) and ``draft_rows [B, K]`` (clamped
-    into ``flat``), as ``api/ragged.py`` builds them with torch.
-    """
-    b, k = drafts.shape
-    n = flat.shape[0]
-    if from_cu and layout[0] != 0:
-        return False
-    start = 0
-    for i in range(b):
-        count = layout[i + 1] - layout[i] if from_cu else layout[i]
-        if count < 0 or count > k:
-            return False
-        counts[i] = count
-        for j in range(k + 1):
-            rows[i, j] = start + i + min(j, count)
-        for j in range(k):
-            drafts[i, j] = flat[start + j] if j < count else 0
-            draft_rows[i, j] = min(max(start + j, 0), max(n - 1, 0))
-        start += count
-    return start == n and n_target_rows == n + b
-
-
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def decide_at(target_address, n_rows, v_size, is_logits, rows, drafts_address, b, k, counts, q,
               qrows, temps, temp_scalar, all_greedy, typical, eps, alpha, explicit_u, seeds,
               seed_scalar, seed_mode, offsets, offset_scalar, bonus, check, atol, q_atol,
@@ -350,7 +320,7 @@ def decide_at(target_address, n_rows, v_size, is_logits, rows, drafts_address, b
                   out_accepted, out_emitted, out_counts)
 
 
-@numba.njit(**_JIT)
+@numba.njit(**JIT)
 def decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar, all_greedy,
            typical, eps, alpha, explicit_u, seeds, seed_scalar, seed_mode, offsets,
            offset_scalar, argmax_rows, bonus, check, atol, q_atol,
@@ -514,7 +484,7 @@ def decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar
     return error
 
 
-@numba.njit(inline="always", **_JIT)
+@numba.njit(inline="always", **JIT)
 def _emit(out_tokens, drafts, i, accepted, final):
     """Row ``i``: the accepted drafts, the final token, then placeholders (-1)."""
     for j in range(out_tokens.shape[1]):

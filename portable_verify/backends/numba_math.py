@@ -20,12 +20,40 @@ Callable from other ``@njit`` code; call them on contiguous 1-D float32 rows.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
-__all__ = ["exp_sum", "exp_sum_dot", "residual", "residual_stats", "row_max", "row_stats"]
+__all__ = ["entropy", "exp_sum", "exp_sum_dot", "log_row", "residual", "residual_stats", "row_max",
+           "row_stats"]
+
+
+
+def _probe() -> None:
+    """A function for :func:`_cache_usable` to decorate."""
+
+
+def _cache_usable() -> bool:
+    """Whether numba finds a writable cache location for this package's kernels.
+
+    Without one (read-only package directory and HOME, ``NUMBA_CACHE_DIR`` unset or read-only:
+    a container image) ``cache=True`` raises at decoration, which made the backend unusable.
+    Then every kernel compiles uncached, on each process's first call, and one line says so.
+    """
+    try:
+        njit(cache=True)(_probe)
+    except RuntimeError as error:
+        logging.getLogger("portable_verify").warning(
+            "numba kernels compile uncached (no writable cache location: %s)", error)
+        return False
+    return True
+
+
+JIT = {"nogil": True, "cache": _cache_usable()}
+"""The options of every kernel of the numba backend (``**JIT``)."""
 
 _INF_BITS = np.int32(0x7F800000)  # abs(bits) above this is NaN
 _NEG_INF_KEY = np.int32(-2139095041)  # key of -inf: 0xff800000 ^ 0x7fffffff = 0x807fffff
@@ -151,7 +179,7 @@ def _add_reassoc(typingctx, a, b):
     return a(a, a), codegen
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def row_max(row):
     """``(max, has_nan)`` of a float32 row; NaN is skipped by the max (all NaN or empty: -inf).
 
@@ -169,7 +197,7 @@ def row_max(row):
     return _key_f32(best), max_abs > _INF_BITS
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def row_stats(row):
     """``(low, has_nan, total)`` of a float32 row, for checking probability rows.
 
@@ -217,14 +245,14 @@ def _exp32(y):
     return _scale_pow2(q, kt)  # NaN: q is NaN, and so is the product
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
+@njit(**JIT, fastmath={"contract"})
 def _exp_row(row, m, t, out):
     """The exp pass, vectorized without reassociation (see :func:`_exp32`)."""
     for j in range(row.shape[0]):
         out[j] = _exp32((row[j] - m) / t)
 
 
-@njit(nogil=True, cache=True, fastmath={"reassoc"})
+@njit(**JIT, fastmath={"reassoc"})
 def _sum64(out):
     """float64 sum of a float32 row (reassociated, so it vectorizes)."""
     s = 0.0
@@ -236,7 +264,7 @@ def _sum64(out):
 _BLOCK = 512  # exp_sum_dot's float32 partial sums: 8 terms per vector lane, then a lane tree
 
 
-@njit(nogil=True, cache=True, fastmath={"contract"})
+@njit(**JIT, fastmath={"contract"})
 def _exp_sum_dot_block(row, m, t, out):
     """exp, float32 sum and float32 dot of one block in one loop. float32 partial sums keep the
     loop at 16 float32 lanes (any float64 value in it halves the vector width, which costs more
@@ -252,7 +280,7 @@ def _exp_sum_dot_block(row, m, t, out):
     return s, d
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def exp_sum(row, m, t, out):
     """``out[j] = float32(exp((row[j] - m) / t))`` (float32 subtract and divide, as numpy);
     returns the float64 sum of ``out``. ``m`` is the row max, ``t > 0`` a normal float32."""
@@ -260,7 +288,7 @@ def exp_sum(row, m, t, out):
     return _sum64(out)
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def exp_sum_dot(row, m, t, out):
     """Like :func:`exp_sum`, also ``d = sum(out[j] * y[j])`` with ``y = (row - m) / t`` and
     zero terms where ``out[j] == 0`` (so ``0 * -inf`` is 0); entropy is ``log(s) - d / s``."""
@@ -277,7 +305,116 @@ def exp_sum_dot(row, m, t, out):
     return s, d
 
 
-@njit(nogil=True, cache=True)
+@intrinsic
+def _mantissa(typingctx, x):
+    """The significand of a positive normal float32 as a float32 in ``[1, 2)``."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        i = builder.and_(builder.bitcast(args[0], i32), ir.Constant(i32, 0x007FFFFF))
+        return builder.bitcast(builder.or_(i, ir.Constant(i32, 0x3F800000)), ir.FloatType())
+
+    return types.float32(types.float32), codegen
+
+
+@intrinsic
+def _exponent(typingctx, x):
+    """The unbiased binary exponent of a positive normal float32, as a float32."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        i32 = ir.IntType(32)
+        e = builder.lshr(builder.bitcast(args[0], i32), ir.Constant(i32, 23))
+        return builder.sitofp(builder.sub(e, ir.Constant(i32, 127)), ir.FloatType())
+
+    return types.float32(types.float32), codegen
+
+
+_TINY = np.float32(2.0**-126)  # below it (subnormals) the argument is scaled by 2**24 first
+_TWO24 = np.float32(2.0**24)
+_SQRT2 = np.float32(1.4142135623730951)
+_HALF = np.float32(0.5)
+_NAN = np.float32(np.nan)
+_INF = np.float32(np.inf)
+# log(1 + f) ~ f - f**2 / 2 + f**3 P(f) on sqrt(1/2) - 1 <= f <= sqrt(2) - 1 (Cephes logf)
+_L = tuple(np.float32(c) for c in (
+    7.0376836292e-2, -1.1514610310e-1, 1.1676998740e-1, -1.2420140846e-1, 1.4249322787e-1,
+    -1.6668057665e-1, 2.0000714765e-1, -2.4999993993e-1, 3.3333331174e-1))
+
+
+@njit(nogil=True, inline="always")
+def _log32(x):
+    """``log(x)`` for a float32 ``x``, branch-free: ``x = 2**e * m`` with ``m`` in ``[sqrt(1/2),
+    sqrt(2))`` (subnormals scaled by ``2**24`` first), a polynomial in ``f = m - 1`` (exact),
+    plus ``e ln2`` split in two (Cody-Waite). ``log(0) = -inf``, ``log(1) = 0``, ``log(inf) =
+    inf``, NaN and negative: NaN. Within 1 ulp of the correctly rounded float32 on every
+    positive finite float32 (tests/test_numba_math.py checks all of them)."""
+    small = x < _TINY
+    xs = x * _TWO24 if small else x
+    m = _mantissa(xs)
+    e = _exponent(xs) - (np.float32(24.0) if small else np.float32(0.0))
+    big = m > _SQRT2
+    m = m * _HALF if big else m
+    e = e + (_ONE if big else np.float32(0.0))
+    f = m - _ONE
+    z = f * f
+    p = _L[0]
+    p = p * f + _L[1]
+    p = p * f + _L[2]
+    p = p * f + _L[3]
+    p = p * f + _L[4]
+    p = p * f + _L[5]
+    p = p * f + _L[6]
+    p = p * f + _L[7]
+    p = p * f + _L[8]
+    y = f * z * p + e * _LN2_LO - _HALF * z
+    r = (f + y) + e * _LN2_HI
+    r = -_INF if x == np.float32(0.0) else r
+    r = _INF if x == _INF else r
+    return r if x > np.float32(0.0) or x == np.float32(0.0) else _NAN
+
+
+@njit(**JIT, fastmath={"contract"})
+def log_row(row, out):
+    """``out[j] = log(row[j])`` in float32 (:func:`_log32`), vectorized."""
+    for j in range(row.shape[0]):
+        out[j] = _log32(row[j])
+
+
+@njit(**JIT, fastmath={"contract"})
+def _entropy_block(p):
+    """``-sum(p * log(p))`` over one block with ``0 log 0 = 0``, in float32 lanes; and whether
+    the block holds a NaN or negative entry (``p >= 0`` fails)."""
+    h = np.float32(0.0)
+    bad = np.int32(0)
+    for j in range(p.shape[0]):
+        x = p[j]
+        term = x * _log32(x) if x > np.float32(0.0) else np.float32(0.0)
+        h = _add_reassoc(h, term)
+        bad = max(bad, np.int32(0) if x >= np.float32(0.0) else np.int32(1))
+    return -h, bad > 0
+
+
+@njit(**JIT)
+def entropy(p):
+    """``(H, finite)``: the natural-log entropy of a float32 probability row (``0 log 0 = 0``),
+    float32 terms summed in 512-term float32 blocks and float64 across them (the partition is
+    fixed, so the value does not depend on how the blocks are scheduled); ``finite``: no NaN or
+    negative entry and ``H`` finite."""
+    n = p.shape[0]
+    h = 0.0
+    ok = True
+    for b0 in range(0, n, _BLOCK):
+        hb, bad = _entropy_block(p[b0:min(n, b0 + _BLOCK)])
+        h += np.float64(hb)
+        ok = ok and not bad
+    return h, ok and abs(h) < np.inf
+
+
+@njit(**JIT)
 def residual_stats(p, q, out):
     """``out = max(p - q, 0)`` (a NaN difference gives 0), plus, from the same pass, what the
     default validation asks of both rows as distributions: ``(bad_p, total_p, bad_q,
@@ -314,7 +451,7 @@ def residual_stats(p, q, out):
             low_q < 0 or high_q > _INF_BITS, np.float64(total_q))
 
 
-@njit(nogil=True, cache=True)
+@njit(**JIT)
 def residual(p, scale, q, out):
     """``out = max(p / scale - q, 0)`` in float32 (``scale`` 1 for probabilities, the
     exponentials' sum for logits; a NaN difference gives 0): a loop of its own so that it

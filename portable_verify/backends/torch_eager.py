@@ -28,7 +28,7 @@ import torch
 
 from portable_verify.backends.base import Availability, Backend, BackendTraits
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
-from portable_verify.core.validation import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
+from portable_verify.core.validation import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF, in_float32_note
 
 Array = Any  # np.ndarray on the host path, torch.Tensor on devices
 
@@ -209,6 +209,7 @@ class ReadChecks:
                      for name, t in (("target_probs", inputs.target),
                                      ("draft_probs", inputs.draft_probs)) if t is not None}
         self._flags: list[tuple[Array, Callable[[tuple[int, ...]], str]]] = []
+        self.note = in_float32_note(inputs.target.dtype)  # rows are read as float32
 
     def add(self, bad: Array, message: Callable[[tuple[int, ...]], str]) -> None:
         """``bad``: True where a value the decision read is invalid (``[B]`` per request or
@@ -221,11 +222,12 @@ class ReadChecks:
         xp, name = self.ops.xp, self.target_name
         if name == "target_probs":
             self.add((xp.isnan(top) | xp.isinf(top) | (top < 0)) & read,
-                     lambda i: f"{name} contains NaN, inf or negative entries (first in the row "
-                               f"of {_place(i)})")
+                     lambda i: f"{name} contains NaN, inf or negative entries{self.note} (first "
+                               f"in the row of {_place(i)})")
             return
         self.add((xp.isnan(top) | xp.isposinf(top)) & read,
-                 lambda i: f"{name} contains NaN or +inf (first in the row of {_place(i)})")
+                 lambda i: f"{name} contains NaN or +inf{self.note} (first in the row of "
+                           f"{_place(i)})")
         self.add(xp.isneginf(top) & read,
                  lambda i: f"{name} has a row of only -inf (first: the row of {_place(i)})")
 

@@ -17,6 +17,14 @@ PROB_SUM_ATOL_HALF = 1e-2
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def in_float32_note(dtype: torch.dtype) -> str:
+    """What an error about values adds for a float64 input: the checks see its values in
+    float32, the dtype the decision computes in, where a finite value beyond 3.4e38 is inf."""
+    if dtype != torch.float64:
+        return ""
+    return " in float32, the dtype the decision computes in (float64 values beyond 3.4e38 are inf)"
+
+
 def require_int(name: str, t: torch.Tensor) -> None:
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{name} must have an integer dtype, got {t.dtype}")
@@ -95,9 +103,11 @@ def check_logits(
     the row holds a NaN (reductions propagate NaN), +inf when it holds +inf, -inf when every
     entry is -inf.
     """
-    top = logits.amax(dim=-1)
+    top = logits.amax(dim=-1).float()  # rounding is monotone: the max of the rounded values
+    note = in_float32_note(logits.dtype)
     bad_value = (torch.isnan(top) | torch.isposinf(top)) & used_rows
-    checks.add(bad_value.any(), lambda: f"{name} contains NaN or +inf ({_first_bad(bad_value)})")
+    checks.add(bad_value.any(),
+               lambda: f"{name} contains NaN or +inf{note} ({_first_bad(bad_value)})")
     no_finite = torch.isneginf(top) & used_rows
     checks.add(no_finite.any(), lambda: f"{name} has a row of only -inf ({_first_bad(no_finite)})")
 
@@ -108,11 +118,12 @@ def check_probs(
     """Finite, non-negative rows summing to 1 within the dtype's tolerance."""
     atol = PROB_SUM_ATOL_HALF if probs.dtype in _HALF else PROB_SUM_ATOL
     # amax and amin separately: on CPU each reads at the memory floor, aminmax is ~9x slower.
-    low, high = probs.amin(dim=-1), probs.amax(dim=-1)  # NaN propagates into both
+    low, high = probs.amin(dim=-1), probs.amax(dim=-1).float()  # NaN propagates into both
+    note = in_float32_note(probs.dtype)
     bad_value = (torch.isnan(high) | torch.isinf(high) | (low < 0)) & used_rows
     checks.add(
         bad_value.any(),
-        lambda: f"{name} contains NaN, inf or negative entries ({_first_bad(bad_value)})",
+        lambda: f"{name} contains NaN, inf or negative entries{note} ({_first_bad(bad_value)})",
     )
     sums = probs.sum(-1, dtype=torch.float32)
     bad_sum = ((sums - 1).abs() > atol) & used_rows & ~bad_value
