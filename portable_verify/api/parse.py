@@ -271,14 +271,18 @@ def check_padded(drafts: torch.Tensor, target: torch.Tensor, target_name: str,
                 f"draft_probs must have shape (B, K, V) = {(b, k, target.shape[2])}, "
                 f"got {tuple(q.shape)}"
             )
+    _check_counts(counts, b)
+    _check_uniforms_shape(explicit_u, b, k, "K+1")
+    require_same_device({"draft_token_ids": drafts, target_name: target, "draft_probs": q,
+                         "num_draft_tokens": counts, "uniforms": explicit_u})
+
+
+def _check_counts(counts: torch.Tensor | None, b: int) -> None:
     if counts is not None:
         require_rank("num_draft_tokens", counts, 1, "[B]")
         require_int("num_draft_tokens", counts)
         if counts.shape[0] != b:
             raise ValueError(f"num_draft_tokens has {counts.shape[0]} entries, expected B = {b}")
-    _check_uniforms_shape(explicit_u, b, k, "K+1")
-    require_same_device({"draft_token_ids": drafts, target_name: target, "draft_probs": q,
-                         "num_draft_tokens": counts, "uniforms": explicit_u})
 
 
 def _check_uniforms_shape(u: torch.Tensor | None, b: int, k: int, width: str) -> None:
@@ -572,11 +576,7 @@ def check_rows(drafts: torch.Tensor, target: torch.Tensor, target_name: str,
     if tuple(rows.shape) != (b, k + 1):
         raise ValueError(f"target_rows must have shape (B, K+1) = {(b, k + 1)}, got "
                          f"{tuple(rows.shape)}")
-    if counts is not None:
-        require_rank("num_draft_tokens", counts, 1, "[B]")
-        require_int("num_draft_tokens", counts)
-        if counts.shape[0] != b:
-            raise ValueError(f"num_draft_tokens has {counts.shape[0]} entries, expected B = {b}")
+    _check_counts(counts, b)
     if (q is None) != (q_rows is None):
         raise ValueError("draft_probs and draft_rows come together (the rows of each draft's "
                          "distribution)")

@@ -13,7 +13,12 @@ from __future__ import annotations
 from portable_verify.api.call import decide
 from portable_verify.api.parse import parse_rows, read_options
 from portable_verify.core.arguments import ArrayLike
-from portable_verify.core.types import DEFAULT_TYPICAL, VerifyOptions, VerifyResult
+from portable_verify.core.types import (
+    DEFAULT_OPTIONS,
+    DEFAULT_TYPICAL,
+    VerifyOptions,
+    VerifyResult,
+)
 
 
 def verify_rows(
@@ -25,17 +30,14 @@ def verify_rows(
     num_draft_tokens: ArrayLike | None = None,
     draft_probs: ArrayLike | None = None,
     draft_rows: ArrayLike | None = None,
-    method: str = "auto",
+    options: VerifyOptions = DEFAULT_OPTIONS,
     temperature: float | ArrayLike | None = None,
     seed: int | ArrayLike | None = None,
     seed_offset: int | ArrayLike | None = None,
     uniforms: ArrayLike | None = None,
-    typical_eps: float = DEFAULT_TYPICAL.eps,
-    typical_alpha: float = DEFAULT_TYPICAL.alpha,
     bonus_token_ids: ArrayLike | None = None,
     backend: str = "auto",
     validate: bool | str = True,
-    options: VerifyOptions | None = None,
 ) -> VerifyResult:
     """Verify drafts whose target rows sit in a flat ``[R, V]`` tensor at given rows.
 
@@ -48,9 +50,11 @@ def verify_rows(
         target_logits, target_probs: float ``[R, V]`` flat target rows (exactly one).
         num_draft_tokens: int ``[B]`` (default ``K`` each).
         draft_probs: float ``[Rq, V]`` draft distributions, with ``draft_rows`` int ``[B, K]``.
-        method, temperature, seed, seed_offset, uniforms, typical_eps, typical_alpha,
-        bonus_token_ids, backend, validate, options: as in :func:`~portable_verify.verify`.
-            ``validate`` also checks that the row maps index existing rows.
+        options: the method and its parameters as one :class:`VerifyOptions` (an engine builds
+            it once, at start-up).
+        temperature, seed, seed_offset, uniforms, bonus_token_ids, backend, validate: as in
+            :func:`~portable_verify.verify`; ``validate`` also checks that the row maps index
+            existing rows.
 
     Returns:
         :class:`VerifyResult`, as :func:`~portable_verify.verify` returns it.
@@ -58,10 +62,11 @@ def verify_rows(
     >>> import torch, portable_verify as pv
     >>> rows = torch.tensor([[0., 5., 1.], [9., 0., 0.], [0., 0., 3.]])
     >>> pv.verify_rows(torch.tensor([[1, 2]]), target_rows=torch.tensor([[2, 0, 1]]),
-    ...                target_logits=rows, method="greedy").token_ids
+    ...                target_logits=rows, options=pv.VerifyOptions("greedy")).token_ids
     tensor([[2, -1, -1]])
     """
-    opts = read_options(method, typical_eps, typical_alpha, options, backend, validate)
+    opts = read_options("auto", DEFAULT_TYPICAL.eps, DEFAULT_TYPICAL.alpha, options, backend,
+                        validate)
     return decide(parse_rows(draft_token_ids, target_rows, target_logits, target_probs,
                              num_draft_tokens, draft_probs, draft_rows, temperature, seed,
                              seed_offset, uniforms, bonus_token_ids, opts, backend, validate))

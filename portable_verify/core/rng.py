@@ -82,7 +82,7 @@ def uniforms_numpy(seeds: Any, offsets: Any, num_cols: int) -> Any:
     """float32 ``[B, num_cols]`` uniforms in (0, 1] (numpy); the reference for every backend."""
     import numpy as np
 
-    if np.size(seeds) == 1:  # one request: Python ints cost ~10x less than 1-element arrays
+    if np.size(seeds) == 1:  # one request: Python ints cost far less than 1-element arrays
         key = request_keys(int(np.ravel(seeds)[0]) & MASK64, int(np.ravel(offsets)[0]) & MASK64,
                            mul32_wide)
         bits = [uniform_bits(key, counters_for(num_cols, j), mul32_wide) for j in range(num_cols)]
@@ -107,7 +107,7 @@ def uniforms_torch(seeds: Any, offsets: Any, num_cols: int) -> Any:
     """Same numbers as :func:`uniforms_numpy`, computed on the seeds' device (no host sync)."""
     import torch
 
-    if seeds.device.type == "cpu":  # numpy's per-op overhead is ~5x lower for these tiny arrays
+    if seeds.device.type == "cpu":  # numpy's per-op overhead is lower for these tiny arrays
         return torch.from_numpy(uniforms_numpy(seeds.numpy(), offsets.numpy(), num_cols))
     keys = request_keys(seeds.to(torch.int64), offsets.to(torch.int64))
     ctr = counters_for(num_cols, torch.arange(num_cols, dtype=torch.int64, device=seeds.device))
