@@ -52,13 +52,16 @@ def effective_counts(drafts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
 
 def decide(call: VerifyCall) -> VerifyResult:
     """Pick the backend for ``call``, run it, and shape the result."""
-    device_type = "cpu" if call.host else call.target.device.type
     options = call.options
-    greedy_only = options.method == "greedy" or (type(call.temperature) is float
-                                                 and call.temperature == 0.0)
-    backend = dispatch.select_backend(call.backend, device_type,
-                                      None if greedy_only else options.sampled_method)
-    if call.host and backend.traits.host_calls and call.validate != "full":
+    method = options.method
+    if method == "greedy" or (type(call.temperature) is float and call.temperature == 0.0):
+        method = None  # greedy rows only: every backend has the rule
+    elif method == "auto":
+        method = "rejection"
+    host = call.host
+    backend = dispatch.select_backend(call.backend, "cpu" if host else call.target.device.type,
+                                      method)
+    if host and backend.traits.host_calls and call.validate != "full":
         try:
             tokens, accepted, emitted, counts = backend.run_call(call)
         except ReadValueError:  # a value it reads is invalid: the full tail words the error

@@ -84,9 +84,11 @@ def _plain(x: Any, dtype: np.dtype, torch_dtype: torch.dtype) -> Any:
     (read in place by address), else None. Tensors with a lazy negation or conjugation bit are
     not plain: their memory does not hold their values."""
     if type(x) is torch.Tensor:
-        if (x.is_cpu and x.dtype is torch_dtype and x.is_contiguous() and not x.is_neg()
-                and x.layout is torch.strided):
-            return x
+        try:  # a sparse tensor has no is_contiguous(): not plain
+            if x.is_cpu and x.dtype is torch_dtype and x.is_contiguous() and not x.is_neg():
+                return x
+        except RuntimeError:
+            pass
         return None
     if type(x) is np.ndarray and x.dtype == dtype and x.flags.c_contiguous:
         return x
