@@ -13,6 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyInputs
 
 
@@ -38,12 +39,14 @@ class BackendTraits:
     ``checks_what_it_reads``: under ``validate=True`` it checks the values its decision reads
     during its own passes (``VerifyInputs.check_read_values``), so the front door skips its
     full-row scans.
+    ``supports_trees``: it implements :meth:`Backend.run_tree` (``pv.verify_tree``).
     """
 
     is_reference: bool = False
     statistical_sizes: bool = True
     full_conformance_sizes: bool = True
     checks_what_it_reads: bool = False
+    supports_trees: bool = False
 
 
 @dataclass(frozen=True)
@@ -111,6 +114,11 @@ class Backend(ABC):
 
         ``inputs`` holds torch tensors for ``array_kind == "torch"`` and numpy arrays otherwise.
         """
+
+    def run_tree(self, inputs: TreeInputs) -> tuple[Any, Any, Any]:
+        """``(token_ids int64 [B, W], node_ids int64 [B, W], num_accepted int64 [B])`` for
+        validated tree inputs; only for backends whose ``traits.supports_trees`` is True."""
+        raise NotImplementedError(f"backend {self.qualified_name!r} does not verify trees")
 
     def host_kernel(self) -> HostKernel | None:
         """Entry points that decide straight from host arrays, for the lean CPU front door
