@@ -309,6 +309,6 @@ def run_tree(backend: Backend, inputs: TreeInputs
 register_backend("numba", lazy("portable_verify.backends.numba_cpu", "NumbaBackend"))
 register_backend("numpy", lazy("portable_verify.backends.numpy_ref_tree",
                                 "NumpyReferenceTreeBackend"))
-register_backend("torch", lazy("portable_verify.backends.torch_eager", "TorchBackend"))
+register_backend("torch", lazy("portable_verify.backends.torch_eager_tree", "TorchTreeBackend"))
 register_backend("triton", lazy("portable_verify.backends.triton_backend", "TritonBackend"))
 register_backend("openvino", lazy("portable_verify.backends.openvino", "OpenVINOBackend"))
