@@ -28,10 +28,10 @@ def children_of(tokens: np.ndarray, parents: np.ndarray, n: int, vocab: int) -> 
     ``validate=False``, any garbage are left out, so they are never tested nor accepted and leave
     the residual unchanged."""
     kids: list[list[int]] = [[] for _ in range(len(tokens))]
+    ids, up = tokens.tolist(), parents.tolist()
     for i in range(1, n):
-        parent = int(parents[i])
-        if 0 <= parent < i and 0 <= int(tokens[i]) < vocab:
-            kids[parent].append(i)
+        if 0 <= up[i] < i and 0 <= ids[i] < vocab:
+            kids[up[i]].append(i)
     return kids
 
 
