@@ -191,3 +191,16 @@ def test_sglang_lists_from_their_kernel_test() -> None:
     assert tree.parents[0].tolist() == [-1, 0, 0, 1, 2, 4]
     assert tree.permutation[1].tolist() == [0, 4, 1, 5, 2, 3]
     assert tree.parents[1].tolist() == [-1, 0, 0, 1, 2, 4]
+
+
+@pytest.mark.parametrize("name", ["tree.exact", "tree.chain_equals_verify",
+                                  "tree.greedy_brute_force", "tree.unvalidated_garbage"])
+def test_torch_device_code_path_on_cpu(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CI has no accelerator: run the torch tree backend's device path (torch ops, masks
+    instead of index arrays) on CPU tensors through the same checks."""
+    from portable_verify.backends import torch_eager
+    from portable_verify.testing import kit
+
+    monkeypatch.setattr(torch_eager, "HOST_ARRAYS", False)
+    result = kit.run_check(name, "torch:cpu", quick=True)
+    assert result.passed, result.detail

@@ -54,10 +54,10 @@ def tree_structure(ops: ArrayOps, inputs: TreeInputs) -> Tree:
              & (parents < index[None, :]) & (tokens >= 0) & (tokens < v))
     parent = xp.where(valid, parents, -2)  # -2: parent of nothing
     is_child = parent[:, None, :] == index[None, :, None]  # [B, c, j]
-    first_child = xp.where(is_child, index[None, None, :], n).min(-1)
+    first_child = ops.rowmin(xp.where(is_child, index[None, None, :], n))
     later = index[None, None, :] > index[None, :, None]  # j > i
     sibling = (parent[:, :, None] == parent[:, None, :]) & valid[:, None, :] & later
-    next_sibling = xp.where(sibling, index[None, None, :], n).min(-1)
+    next_sibling = ops.rowmin(xp.where(sibling, index[None, None, :], n))
     return Tree(ops.clip(tokens, 0, v - 1), valid, first_child, next_sibling)
 
 
@@ -175,16 +175,18 @@ def _first_tests(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, 
     return px, threshold
 
 
-def _node_rows(ops: ArrayOps, inputs: TreeInputs, node: Array, normalise: bool) -> Array:
-    """float32 ``[B, V]``: each request's node row as torch_eager's final stage reads it:
-    ``exp((l - max) / T)`` from logits (divided by its sum when ``normalise``), else ``p``."""
-    b, n, v = inputs.batch_size, inputs.num_slots, inputs.vocab_size
-    rows = ops.arange(b) * n + ops.clip(node, 0, n - 1)
-    buf = np.empty((b, v), np.float32) if ops.host else torch.empty(
-        b, v, dtype=torch.float32, device=ops.device)
+def _node_rows(ops: ArrayOps, inputs: TreeInputs, requests: Array, node: Array,
+               normalise: bool) -> Array:
+    """float32 ``[len(requests), V]``: those requests' node rows as torch_eager's final stage
+    reads them: ``exp((l - max) / T)`` from logits (divided by its sum when ``normalise``),
+    else ``p``."""
+    n, v = inputs.num_slots, inputs.vocab_size
+    rows = requests * n + ops.clip(node, 0, n - 1)
+    buf = np.empty((rows.shape[0], v), np.float32) if ops.host else torch.empty(
+        rows.shape[0], v, dtype=torch.float32, device=ops.device)
     p = ops.load(inputs.target, rows, buf)
     if inputs.target_is_logits:
-        t = _temperatures(ops, ops.array(inputs.temperature))
+        t = _temperatures(ops, ops.array(inputs.temperature))[requests]
         p -= ops.rowmax(p)[:, None]
         p /= t[:, None]
         ops.exp_(p)
@@ -193,82 +195,163 @@ def _node_rows(ops: ArrayOps, inputs: TreeInputs, node: Array, normalise: bool) 
     return p
 
 
-def _draft_rows(ops: ArrayOps, inputs: TreeInputs, node: Array) -> Array:
-    b, n = inputs.batch_size, inputs.num_slots
-    rows = ops.arange(b) * n + ops.clip(node, 0, n - 1)
-    buf = np.empty((b, inputs.vocab_size), np.float32) if ops.host else torch.empty(
-        b, inputs.vocab_size, dtype=torch.float32, device=ops.device)
+def _draft_rows(ops: ArrayOps, inputs: TreeInputs, requests: Array, node: Array) -> Array:
+    n = inputs.num_slots
+    rows = requests * n + ops.clip(node, 0, n - 1)
+    buf = np.empty((rows.shape[0], inputs.vocab_size), np.float32) if ops.host else torch.empty(
+        rows.shape[0], inputs.vocab_size, dtype=torch.float32, device=ops.device)
     return ops.load(inputs.draft_probs, rows, buf)
 
 
-def _sampled_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, Array, Array]:
+def _typical_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree, px: Array,
+                  threshold: Array) -> tuple[Array, Array, Array]:
+    """First passing child per node; none passing: the row's argmax; a leaf: a draw."""
+    xp, n = ops.xp, inputs.num_slots
+    node, ptr, a, path = _start(ops, inputs, tree)
+    tested = a < 0  # all False: no child of the current node failed yet
+    for _ in range(n - 1):
+        child = ops.clip(ptr, 0, n - 1)
+        active = ptr < n
+        accept = active & (ops.pick(px, child) > ops.pick(threshold, ops.clip(node, 0, n - 2)))
+        reject = active & ~accept
+        tested = (tested | reject) & ~accept
+        node, a, path, first = _descend(ops, inputs, tree, accept, child, node, a, path)
+        ptr = xp.where(accept, first, xp.where(reject, ops.pick(tree.next_sibling, child), ptr))
+    e = _node_rows(ops, inputs, ops.arange(inputs.batch_size), node, normalise=False)
+    u = ops.array(inputs.uniforms)
+    return path, xp.where(tested, ops.argmax(e), _draw(ops, e, u[:, n - 1])[0]), a
+
+
+class Residuals:
+    """Each request's residual at its current node, as ``[B, V]`` rows.
+
+    ``r``: what the tests read (normalised); ``w``: what the draw reads (the latest residual
+    before its normalisation, so one rejected child draws from ``max(0, p - q)`` exactly as
+    ``verify`` does); ``q``: the current draft row. Deterministic children keep only ``w`` (the
+    row ``exp((l - max) / T)`` with the rejected tokens zeroed) and its sum. Rows are loaded
+    lazily, at a node's first rejection: the first test reads ``p(x)`` from the row's max and
+    sum, as a chain does. On the host only the requests concerned are touched (index arrays);
+    on devices every request is, under masks (no host synchronisation).
+    """
+
+    def __init__(self, ops: ArrayOps, inputs: TreeInputs) -> None:
+        self.ops, self.inputs = ops, inputs
+        self.deterministic = inputs.children == "deterministic"
+        b, v = inputs.batch_size, inputs.vocab_size
+        zeros = (lambda: np.zeros((b, v), np.float32)) if ops.host else (
+            lambda: torch.zeros(b, v, dtype=torch.float32, device=ops.device))
+        self.w = zeros()
+        self.r = None if self.deterministic else zeros()
+        self.q = None if self.deterministic else zeros()
+        self.w_sum = ops.xp.ones(b, dtype=ops.xp.float32) if ops.host else torch.ones(
+            b, device=ops.device)
+
+    def later_test(self, x: Array) -> tuple[Array, Array]:
+        """``(r(x), q(x))`` for requests past their node's first rejection."""
+        ops = self.ops
+        if self.deterministic:
+            return ops.pick(self.w, x) / self.w_sum, 1.0
+        return ops.pick(self.r, x), ops.pick(self.q, x)
+
+    def load(self, mask: Array, node: Array) -> None:
+        """Start the residual of ``mask``'s requests at their node's rows."""
+        ops, inputs = self.ops, self.inputs
+        at, nodes = self._select(mask, node)
+        if at is None:
+            return
+        rows = _node_rows(ops, inputs, at, nodes, normalise=not self.deterministic)
+        self._put("w", at, mask, rows)
+        if self.deterministic:
+            self._put("w_sum", at, mask, ops.rowsum(rows))
+        else:
+            self._put("r", at, mask, rows)
+            self._put("q", at, mask, _draft_rows(ops, inputs, at, nodes))
+
+    def reject(self, mask: Array, x: Array) -> None:
+        """Fold the rejected child ``x`` into the residual of ``mask``'s requests."""
+        ops, xp = self.ops, self.ops.xp
+        at, x = self._select(mask, x)
+        if at is None:
+            return
+        inner = ops.arange(at.shape[0])
+        if self.deterministic:
+            w = self._get("w", at)
+            wx = w[inner, x]
+            w[inner, x] = 0.0
+            total = ops.rowsum(w)
+            emptied = ~(total > 0)  # an empty residual keeps the previous one
+            w[inner, x] = xp.where(emptied, wx, 0.0)
+            self._put("w", at, mask, w)
+            self._put("w_sum", at, mask, xp.where(emptied, self._get("w_sum", at), total))
+            return
+        r, q = self._get("r", at), self._get("q", at)
+        residual = ops.relu_(r - q)
+        total = ops.rowsum(residual)
+        kept = (total > 0)[:, None]
+        self._put("w", at, mask, xp.where(kept, residual, r))
+        self._put("r", at, mask, xp.where(kept, residual / xp.where(kept, total[:, None], 1.0),
+                                          r))
+        if self.inputs.children == "without_replacement":  # after the subtraction
+            q[inner, x] = 0.0
+            q_total = ops.rowsum(q)[:, None]
+            self._put("q", at, mask, xp.where(q_total > 0, q / xp.where(q_total > 0, q_total,
+                                                                         1.0), q))
+
+    def _select(self, mask: Array, values: Array) -> tuple[Array | None, Array]:
+        if not self.ops.host:
+            return self.ops.arange(mask.shape[0]), values
+        at = np.flatnonzero(mask)
+        return (at if at.size else None), values[at]
+
+    def _get(self, name: str, at: Array) -> Array:
+        value = getattr(self, name)
+        return value[at] if self.ops.host else value.clone()
+
+    def _put(self, name: str, at: Array, mask: Array, value: Array) -> None:
+        if self.ops.host:
+            getattr(self, name)[at] = value
+            return
+        old = getattr(self, name)
+        setattr(self, name, torch.where(mask.reshape(-1, *([1] * (old.dim() - 1))), value, old))
+
+
+def _rejection_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
+                    px: Array) -> tuple[Array, Array, Array]:
     xp = ops.xp
     n = inputs.num_slots
     u = ops.array(inputs.uniforms)
-    px, threshold = _first_tests(ops, inputs, tree)
+    state = Residuals(ops, inputs)
+    qx_first = None
+    if not state.deterministic:  # q(x) of each node under its parent's draft row
+        parent_rows = (ops.arange(inputs.batch_size)[:, None] * n
+                       + ops.clip(ops.array(inputs.parents), 0, n - 1))
+        qx_first = ops.values(inputs.draft_probs, parent_rows, tree.tokens)
     node, ptr, a, path = _start(ops, inputs, tree)
-    if inputs.sampled_method == "typical":
-        tested = xp.zeros_like(a, dtype=bool) if ops.host else torch.zeros_like(a, dtype=torch.bool)
-        for _ in range(n - 1):
-            child = ops.clip(ptr, 0, n - 1)
-            active = ptr < n
-            thr = ops.pick(threshold, ops.clip(node, 0, n - 2))
-            accept = active & (ops.pick(px, child) > thr)
-            reject = active & ~accept
-            tested = (tested | reject) & ~accept
-            node, a, path, first = _descend(ops, inputs, tree, accept, child, node, a, path)
-            ptr = xp.where(accept, first, xp.where(reject, ops.pick(tree.next_sibling, child),
-                                                   ptr))
-        e = _node_rows(ops, inputs, node, normalise=False)
-        return path, xp.where(tested, ops.argmax(e), _draw(ops, e, u[:, n - 1])[0]), a
-    deterministic = inputs.children == "deterministic"
-    without_replacement = inputs.children == "without_replacement"
-    # r: the residual the tests read (normalised); w: what the draw reads (see the reference).
-    # Deterministic children keep w = exp((l - max) / T) with the rejected tokens zeroed, and
-    # read r(x) = w(x) / sum(w).
-    w = _node_rows(ops, inputs, node, normalise=not deterministic)
-    r = w if deterministic else w.copy() if ops.host else w.clone()
-    q = None if deterministic else _draft_rows(ops, inputs, node)
     fresh = a == 0  # no child of the current node rejected yet: the first test reads px
-    at = ops.arange(inputs.batch_size)
     for _ in range(n - 1):
         child = ops.clip(ptr, 0, n - 1)
         active = ptr < n
         x = ops.pick(tree.tokens, child)
-        if deterministic:
-            rx_later, qx = ops.pick(w, x) / ops.rowsum(w), 1.0
-        else:
-            rx_later, qx = ops.pick(r, x), ops.pick(q, x)
+        rx_later, qx_later = state.later_test(x)
         rx = xp.where(fresh, ops.pick(px, child), rx_later)
-        ux = ops.pick(u, ops.clip(child - 1, 0, n - 1))
-        accept = active & (rx > 0) & (ux * qx <= rx)
+        qx = qx_later if qx_first is None else xp.where(fresh, ops.pick(qx_first, child),
+                                                        qx_later)
+        accept = active & (rx > 0) & (ops.pick(u, ops.clip(child - 1, 0, n - 1)) * qx <= rx)
         reject = active & ~accept
-        if deterministic:
-            wx = w[at, x]
-            w[at, x] = xp.where(reject, 0.0, wx)
-            emptied = reject & ~(ops.rowsum(w) > 0)
-            w[at, x] = xp.where(emptied, wx, w[at, x])  # empty residual: keep the previous one
-        else:
-            residual = ops.relu_(r - q)
-            total = ops.rowsum(residual)
-            kept = reject & (total > 0)
-            w = xp.where(reject[:, None], xp.where(kept[:, None], residual, r), w)
-            r = xp.where(kept[:, None], residual / xp.where(kept, total, 1.0)[:, None], r)
-            if without_replacement:
-                q[at, x] = xp.where(reject, 0.0, q[at, x])
-                q_total = ops.rowsum(q)
-                q = xp.where((reject & (q_total > 0))[:, None],
-                             q / xp.where(q_total > 0, q_total, 1.0)[:, None], q)
+        state.load(reject & fresh, node)
+        state.reject(reject, x)
         fresh = (fresh & ~reject) | accept
         node, a, path, first = _descend(ops, inputs, tree, accept, child, node, a, path)
         ptr = xp.where(accept, first, xp.where(reject, ops.pick(tree.next_sibling, child), ptr))
-        if not ops.host or accept.any():  # the host skips the loads nobody needs
-            w_new = _node_rows(ops, inputs, node, normalise=not deterministic)
-            w = xp.where(accept[:, None], w_new, w)
-            if not deterministic:
-                r = xp.where(accept[:, None], w_new, r)
-                q = xp.where(accept[:, None], _draft_rows(ops, inputs, node), q)
-    return path, _draw(ops, w, u[:, n - 1])[0], a
+    state.load(fresh, node)  # no rejection at the last node: the draw reads its row
+    return path, _draw(ops, state.w, u[:, n - 1])[0], a
+
+
+def _sampled_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, Array, Array]:
+    px, threshold = _first_tests(ops, inputs, tree)
+    if inputs.sampled_method == "typical":
+        return _typical_walk(ops, inputs, tree, px, threshold)
+    return _rejection_walk(ops, inputs, tree, px)
 
 
 class TorchTreeBackend(TorchBackend):
