@@ -121,58 +121,117 @@ def _descend(ops: ArrayOps, inputs: TreeInputs, tree: Tree, accept: Array, child
     return node, a, path, first
 
 
+def _row_argmax(inputs: TreeInputs, requests: np.ndarray, node: np.ndarray) -> np.ndarray:
+    """Host: the argmax (lowest index on ties) of those requests' node rows."""
+    rows = requests * inputs.num_slots + node
+    if inputs.target.dtype == torch.float32:
+        return np.argmax(np.take(inputs.target.numpy(), rows, axis=0), axis=-1)
+    return torch.argmax(inputs.target[torch.from_numpy(rows)], dim=-1).numpy()
+
+
 def _greedy_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, Array, Array]:
-    """Descend into the lowest-index child whose token is the node row's argmax."""
+    """Descend into the lowest-index child whose token is the node row's argmax. The host
+    takes the argmax of a row when a request enters its node (the walked rows only); devices
+    take every row's in one pass."""
     xp = ops.xp
     n = inputs.num_slots
-    g = ops.target_argmax(inputs.target).reshape(inputs.batch_size, n)
     node, ptr, a, path = _start(ops, inputs, tree)
+    if ops.host:
+        g_now = _row_argmax(inputs, np.arange(inputs.batch_size), node)
+    else:
+        g = ops.target_argmax(inputs.target).reshape(inputs.batch_size, n)
     for _ in range(n - 1):
         child = ops.clip(ptr, 0, n - 1)
         active = ptr < n
-        accept = active & (ops.pick(tree.tokens, child) == ops.pick(g, node))
+        accept = active & (ops.pick(tree.tokens, child) == (g_now if ops.host
+                                                            else ops.pick(g, node)))
         reject = active & ~accept
         node, a, path, first = _descend(ops, inputs, tree, accept, child, node, a, path)
+        if ops.host and accept.any():
+            at = np.flatnonzero(accept)
+            g_now[at] = _row_argmax(inputs, at, node[at])
         ptr = xp.where(accept, first, xp.where(reject, ops.pick(tree.next_sibling, child), ptr))
-    return path, ops.pick(g, node), a
+    return path, g_now if ops.host else ops.pick(g, node), a
 
 
-def _first_tests(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, Array | None]:
-    """Per node ``i``: ``p(x_i)`` under its parent's row, computed as torch_eager computes a
-    chain's ``p_j(x_j)`` (max and sum of the row, then ``exp((l_x - max) / T) / sum``), and for
-    typical the parent row's threshold. Rows of nodes ``0..N-2`` only: node ``N-1`` is a leaf.
+class FirstTests:
+    """``p(x)`` of a node's children under its row, and (typical) the row's threshold, computed
+    as torch_eager computes a chain's ``p_j(x_j)``: the row's max ``m`` and sum ``s`` of
+    ``exp((l - m) / T)``, then ``exp((l_x - m) / T) / s``.
+
+    On the host the statistics are computed for a row when a request enters its node (only the
+    rows on the walked paths are read); on devices for every row that can have children (nodes
+    ``0..N-2``) in one pass up front, so nothing waits on the host.
     """
-    xp = ops.xp
-    b, n, v = inputs.batch_size, inputs.num_slots, inputs.vocab_size
-    parents = ops.clip(ops.array(inputs.parents), 0, n - 1)
-    typical = inputs.sampled_method == "typical"
-    request = ops.arange(b)[:, None]
-    flat = (request * n + ops.arange(n - 1)[None, :]).reshape(-1)
-    parent_rows = request * n + parents  # [B, N]
-    if n == 1:
-        return xp.zeros((b, 1), dtype=xp.float32) if ops.host else torch.zeros(
-            b, 1, device=ops.device), None
-    entropy = None
-    if inputs.target_is_logits:
-        t = _temperatures(ops, ops.array(inputs.temperature))
-        m, s, *ey = per_row(ops, _logits_sums(ops, inputs.target, typical), flat,
-                            ops.repeat(t, n - 1), width=v, scratch=2 if typical else 1)
-        m, s = m.reshape(b, n - 1), s.reshape(b, n - 1)
-        par = ops.clip(parents, 0, n - 2)
-        e_x = ops.values(inputs.target, parent_rows, tree.tokens) - ops.take(m, par)
-        e_x /= t[:, None]
-        px = ops.exp_(e_x) / ops.take(s, par)
-        if typical:
-            entropy = ops.log(s) - ey[0].reshape(b, n - 1) / s
-    else:
-        px = ops.values(inputs.target, parent_rows, tree.tokens)
-        if typical:
-            entropy = per_row(ops, _probs_entropy(ops, inputs.target), flat, width=v,
-                              scratch=2)[0].reshape(b, n - 1)
-    if entropy is None:
-        return px, None
-    threshold = ops.clip(xp.exp(-entropy) * inputs.typical.alpha, high=inputs.typical.eps)
-    return px, threshold
+
+    def __init__(self, ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> None:
+        self.ops, self.inputs, self.tree = ops, inputs, tree
+        b, n = inputs.batch_size, inputs.num_slots
+        self.typical = inputs.sampled_method == "typical"
+        self.t = _temperatures(ops, ops.array(inputs.temperature))
+        self.requests = ops.arange(b)
+        if ops.host:
+            zeros = np.zeros(b, np.float32)
+            self.m, self.s, self.threshold_now = zeros, zeros.copy(), zeros.copy()
+            self.enter(np.ones(b, dtype=bool), np.zeros(b, dtype=np.int64))
+            return
+        rows = (self.requests[:, None] * n + ops.arange(max(n - 1, 1))[None, :]).reshape(-1)
+        m, s, threshold = self._stats(rows, ops.repeat(self.t, max(n - 1, 1)))
+        self.m_all, self.s_all, self.threshold_all = (
+            None if x is None else x.reshape(b, -1) for x in (m, s, threshold))
+
+    def _stats(self, rows: Array, t: Array) -> tuple[Array | None, Array | None, Array | None]:
+        ops, inputs = self.ops, self.inputs
+        v = inputs.vocab_size
+        m = s = entropy = None
+        if inputs.target_is_logits:
+            m, s, *ey = per_row(ops, _logits_sums(ops, inputs.target, self.typical), rows, t,
+                                width=v, scratch=2 if self.typical else 1)
+            if self.typical:
+                entropy = ops.log(s) - ey[0] / s
+        elif self.typical:
+            entropy = per_row(ops, _probs_entropy(ops, inputs.target), rows, width=v,
+                              scratch=2)[0]
+        if entropy is None:
+            return m, s, None
+        return m, s, ops.clip(ops.xp.exp(-entropy) * inputs.typical.alpha,
+                              high=inputs.typical.eps)
+
+    def enter(self, mask: Array, node: Array) -> None:
+        """The requests of ``mask`` moved to ``node``: their row's statistics (host only)."""
+        if not self.ops.host or not (self.inputs.target_is_logits or self.typical):
+            return
+        at = np.flatnonzero(mask)
+        if at.size == 0:
+            return
+        rows = at * self.inputs.num_slots + node[at]
+        m, s, threshold = self._stats(rows, self.t[at])
+        if m is not None:
+            self.m[at], self.s[at] = m, s
+        if threshold is not None:
+            self.threshold_now[at] = threshold
+
+    def px(self, child: Array, node: Array) -> Array:
+        """``p(x_child)`` under the row of ``node`` (the child's parent)."""
+        ops, n = self.ops, self.inputs.num_slots
+        rows = self.requests * n + ops.clip(node, 0, n - 1)
+        value = ops.values(self.inputs.target, rows, ops.pick(self.tree.tokens, child))
+        if not self.inputs.target_is_logits:
+            return value
+        if ops.host:
+            m, s = self.m, self.s
+        else:
+            at = ops.clip(node, 0, max(n - 2, 0))
+            m, s = ops.pick(self.m_all, at), ops.pick(self.s_all, at)
+        e_x = value - m
+        e_x /= self.t
+        return ops.exp_(e_x) / s
+
+    def threshold(self, node: Array) -> Array:
+        if self.ops.host:
+            return self.threshold_now
+        return self.ops.pick(self.threshold_all, self.ops.clip(node, 0, max(self.inputs.num_slots
+                                                                          - 2, 0)))
 
 
 def _node_rows(ops: ArrayOps, inputs: TreeInputs, requests: Array, node: Array,
@@ -203,8 +262,8 @@ def _draft_rows(ops: ArrayOps, inputs: TreeInputs, requests: Array, node: Array)
     return ops.load(inputs.draft_probs, rows, buf)
 
 
-def _typical_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree, px: Array,
-                  threshold: Array) -> tuple[Array, Array, Array]:
+def _typical_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
+                  tests: FirstTests) -> tuple[Array, Array, Array]:
     """First passing child per node; none passing: the row's argmax; a leaf: a draw."""
     xp, n = ops.xp, inputs.num_slots
     node, ptr, a, path = _start(ops, inputs, tree)
@@ -212,10 +271,11 @@ def _typical_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree, px: Array,
     for _ in range(n - 1):
         child = ops.clip(ptr, 0, n - 1)
         active = ptr < n
-        accept = active & (ops.pick(px, child) > ops.pick(threshold, ops.clip(node, 0, n - 2)))
+        accept = active & (tests.px(child, node) > tests.threshold(node))
         reject = active & ~accept
         tested = (tested | reject) & ~accept
         node, a, path, first = _descend(ops, inputs, tree, accept, child, node, a, path)
+        tests.enter(accept, node)
         ptr = xp.where(accept, first, xp.where(reject, ops.pick(tree.next_sibling, child), ptr))
     e = _node_rows(ops, inputs, ops.arange(inputs.batch_size), node, normalise=False)
     u = ops.array(inputs.uniforms)
@@ -316,7 +376,7 @@ class Residuals:
 
 
 def _rejection_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
-                    px: Array) -> tuple[Array, Array, Array]:
+                    tests: FirstTests) -> tuple[Array, Array, Array]:
     xp = ops.xp
     n = inputs.num_slots
     u = ops.array(inputs.uniforms)
@@ -333,7 +393,7 @@ def _rejection_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
         active = ptr < n
         x = ops.pick(tree.tokens, child)
         rx_later, qx_later = state.later_test(x)
-        rx = xp.where(fresh, ops.pick(px, child), rx_later)
+        rx = xp.where(fresh, tests.px(child, node), rx_later)
         qx = qx_later if qx_first is None else xp.where(fresh, ops.pick(qx_first, child),
                                                         qx_later)
         accept = active & (rx > 0) & (ops.pick(u, ops.clip(child - 1, 0, n - 1)) * qx <= rx)
@@ -342,16 +402,17 @@ def _rejection_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
         state.reject(reject, x)
         fresh = (fresh & ~reject) | accept
         node, a, path, first = _descend(ops, inputs, tree, accept, child, node, a, path)
+        tests.enter(accept, node)
         ptr = xp.where(accept, first, xp.where(reject, ops.pick(tree.next_sibling, child), ptr))
     state.load(fresh, node)  # no rejection at the last node: the draw reads its row
     return path, _draw(ops, state.w, u[:, n - 1])[0], a
 
 
 def _sampled_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, Array, Array]:
-    px, threshold = _first_tests(ops, inputs, tree)
+    tests = FirstTests(ops, inputs, tree)
     if inputs.sampled_method == "typical":
-        return _typical_walk(ops, inputs, tree, px, threshold)
-    return _rejection_walk(ops, inputs, tree, px)
+        return _typical_walk(ops, inputs, tree, tests)
+    return _rejection_walk(ops, inputs, tree, tests)
 
 
 class TorchTreeBackend(TorchBackend):
