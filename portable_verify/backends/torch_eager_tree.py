@@ -143,8 +143,10 @@ def _greedy_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, 
     else:
         g = ops.target_argmax(inputs.target).reshape(inputs.batch_size, n)
     for _ in range(n - 1):
-        child = ops.clip(ptr, 0, n - 1)
         active = ptr < n
+        if ops.host and not active.any():  # every walk has ended (free to know on the host)
+            break
+        child = ops.clip(ptr, 0, n - 1)
         accept = active & (ops.pick(tree.tokens, child) == (g_now if ops.host
                                                             else ops.pick(g, node)))
         reject = active & ~accept
@@ -298,8 +300,10 @@ def _typical_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
     node, ptr, a, path = _start(ops, inputs, tree)
     tested = a < 0  # all False: no child of the current node failed yet
     for _ in range(n - 1):
-        child = ops.clip(ptr, 0, n - 1)
         active = ptr < n
+        if ops.host and not active.any():  # every walk has ended (free to know on the host)
+            break
+        child = ops.clip(ptr, 0, n - 1)
         accept = active & (tests.px(child, node) > tests.threshold(node))
         reject = active & ~accept
         tested = (tested | reject) & ~accept
@@ -482,8 +486,10 @@ def _rejection_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
     node, ptr, a, path = _start(ops, inputs, tree)
     fresh = a == 0  # no child of the current node rejected yet: the first test reads px
     for _ in range(n - 1):
-        child = ops.clip(ptr, 0, n - 1)
         active = ptr < n
+        if ops.host and not active.any():  # every walk has ended (free to know on the host)
+            break
+        child = ops.clip(ptr, 0, n - 1)
         x = ops.pick(tree.tokens, child)
         if deterministic:
             w_x = tests.weight(child, node)
