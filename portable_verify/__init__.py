@@ -8,7 +8,9 @@
 from portable_verify.api.padded import verify
 from portable_verify.api.ragged import verify_ragged
 from portable_verify.api.rows import verify_rows
+from portable_verify.api.tree import verify_tree
 from portable_verify.core.metrics import MetricsAccumulator, compute_metrics, metrics_to_python
+from portable_verify.core.tree import TreeInputs, TreeResult, tree_attention_mask
 from portable_verify.core.types import (
     INVALID_DRAFT_TOKEN_ID,
     PLACEHOLDER_TOKEN_ID,
@@ -30,6 +32,8 @@ __all__ = [
     "INVALID_DRAFT_TOKEN_ID",
     "PLACEHOLDER_TOKEN_ID",
     "MetricsAccumulator",
+    "TreeInputs",
+    "TreeResult",
     "TypicalParams",
     "VerifyCall",
     "VerifyInputs",
@@ -41,9 +45,11 @@ __all__ = [
     "get_backend",
     "metrics_to_python",
     "register_backend",
+    "tree_attention_mask",
     "unregister_backend",
     "verify",
     "verify_ragged",
     "verify_rows",
+    "verify_tree",
 ]
 __version__ = "0.1.0"

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from portable_verify.backends.base import Availability, Backend, ReadValueError
+from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyInputs
 
 ENV_BACKEND = "PORTABLE_VERIFY_BACKEND"
@@ -233,8 +234,9 @@ def _override_key() -> Any:
     return _ENVIRON_DATA.get(_ENV_KEY)
 
 
-def numpy_inputs(inputs: VerifyInputs) -> VerifyInputs:
-    """The same inputs as host numpy arrays (floats upcast to float32)."""
+def numpy_inputs(inputs: Any) -> Any:
+    """The same inputs (``VerifyInputs`` or ``TreeInputs``) as host numpy arrays (floats upcast
+    to float32)."""
     changes: dict[str, Any] = {}
     for f in fields(inputs):
         value = getattr(inputs, f.name)
@@ -273,8 +275,59 @@ def run(requested: str | Backend, inputs: VerifyInputs) -> tuple[torch.Tensor, t
             accepted.to(device=device, dtype=torch.int64))
 
 
+def tree_backends() -> list[str]:
+    """Canonical names of the available backends that verify trees."""
+    return [n for n in available_backends() if _instantiate(n).traits.supports_trees]
+
+
+def select_tree_backend(requested: str, device_type: str) -> Backend:
+    """:func:`select_backend` for ``verify_tree``: ``auto`` takes the first backend of the
+    device's preference list (the override included) that verifies trees; a named backend that
+    does not is an error saying which do."""
+    if not isinstance(requested, str):
+        raise TypeError(f"backend must be a backend name (str), got {requested!r}")
+    name = ALIASES.get(requested, requested)
+    if name == "auto" or name.startswith("auto:"):
+        wanted = device_type if name == "auto" else name.partition(":")[2]
+        override = os.environ.get(ENV_BACKEND, "").strip() if name == "auto" else ""
+        candidates = ([override] if override and override != "auto" else []) + [
+            *AUTO_PREFERENCE.get(wanted, ()), f"torch:{wanted}", *(["numpy"] * (wanted == "cpu"))]
+        for candidate in candidates:
+            backend = _instantiate(_canonical(candidate, wanted))
+            if backend.traits.supports_trees and backend.availability().available:
+                return backend
+        raise RuntimeError(f"no available backend verifies trees on {wanted}; "
+                           f"backends that do: {tree_backends()}")
+    backend = select_backend(name, device_type)
+    if not backend.traits.supports_trees:
+        raise ValueError(f"backend={requested!r} does not verify trees; backends that do: "
+                         f"{tree_backends()}")
+    return backend
+
+
+def run_tree(backend: Backend, inputs: TreeInputs
+             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Run a tree backend on ``inputs``: ``(token_ids, node_ids, num_accepted)`` as int64
+    tensors on the inputs' device."""
+    device = inputs.target.device
+    if backend.torch_device_type() != device.type:
+        raise ValueError(
+            f"backend={backend.qualified_name!r} runs on {backend.torch_device_type()} tensors; "
+            f"the inputs are on {device}"
+        )
+    inputs.check_layout()
+    if backend.array_kind == "numpy":
+        out = backend.run_tree(numpy_inputs(inputs))
+        out = tuple(torch.from_numpy(np.asarray(a)) for a in out)
+    else:
+        out = backend.run_tree(inputs)
+    tokens, nodes, accepted = (a.to(device=device, dtype=torch.int64) for a in out)
+    return tokens, nodes, accepted
+
+
 register_backend("numba", lazy("portable_verify.backends.numba_cpu", "NumbaBackend"))
-register_backend("numpy", lazy("portable_verify.backends.numpy_ref", "NumpyReferenceBackend"))
-register_backend("torch", lazy("portable_verify.backends.torch_eager", "TorchBackend"))
+register_backend("numpy", lazy("portable_verify.backends.numpy_ref_tree",
+                                "NumpyReferenceTreeBackend"))
+register_backend("torch", lazy("portable_verify.backends.torch_eager_tree", "TorchTreeBackend"))
 register_backend("triton", lazy("portable_verify.backends.triton_backend", "TritonBackend"))
 register_backend("openvino", lazy("portable_verify.backends.openvino", "OpenVINOBackend"))

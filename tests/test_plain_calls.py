@@ -56,7 +56,7 @@ def full_door_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     {"num_draft_tokens": torch.tensor([2, 0, 1]), "seed": 1},
     {"bonus_token_ids": torch.tensor([[5], [6], [7]]), "seed": 1},
 ])
-def test_plain_calls_take_the_host_path_and_agree_with_the_reference(
+def test_plain_calls_go_straight_to_the_kernel_and_agree_with_the_reference(
         kwargs: dict, full_door_calls: list[str]) -> None:
     case = _case()
     got = pv.verify(**case, **kwargs)
@@ -170,7 +170,7 @@ def _ragged(seed: int = 7) -> dict[str, torch.Tensor]:
      "bonus_token_ids": torch.tensor([[1], [2], [3], [4]])},
 ])
 @pytest.mark.parametrize("form", ["counts", "cu"])
-def test_plain_ragged_calls_take_the_host_path_and_agree_with_the_reference(
+def test_plain_ragged_calls_go_straight_to_the_kernel_and_agree_with_the_reference(
         kwargs: dict, form: str, full_door_calls: list[str]) -> None:
     case = _ragged()
     if form == "cu":

@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyCall, VerifyInputs
 
 
@@ -43,6 +44,7 @@ class BackendTraits:
     ``sampled_methods``: the rules it implements for sampled rows (every backend does greedy);
     dispatch gives ``auto`` a backend that has the call's method, and refuses an explicit one
     that lacks it.
+    ``supports_trees``: it implements :meth:`Backend.run_tree` (``pv.verify_tree``).
     """
 
     is_reference: bool = False
@@ -51,6 +53,7 @@ class BackendTraits:
     checks_what_it_reads: bool = False
     host_calls: bool = False
     sampled_methods: tuple[str, ...] = ("rejection", "typical")
+    supports_trees: bool = False
 
 
 class ReadValueError(ValueError):
@@ -108,6 +111,11 @@ class Backend(ABC):
         :class:`ReadValueError` when a value it reads is invalid (the front door then words
         the error)."""
         raise NotImplementedError(f"{self.qualified_name} does not decide host calls")
+
+    def run_tree(self, inputs: TreeInputs) -> tuple[Any, Any, Any]:
+        """``(token_ids int64 [B, W], node_ids int64 [B, W], num_accepted int64 [B])`` for
+        validated tree inputs; only for backends whose ``traits.supports_trees`` is True."""
+        raise NotImplementedError(f"backend {self.qualified_name!r} does not verify trees")
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.qualified_name!r}>"

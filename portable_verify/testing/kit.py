@@ -26,6 +26,9 @@ CHECK_MODULES: tuple[str, ...] = (
     "portable_verify.testing.checks.memory_soak",
     "portable_verify.testing.checks.fuzz",
     "portable_verify.testing.checks.long_run",
+    "portable_verify.testing.checks.tree_exact",
+    "portable_verify.testing.checks.tree_law",
+    "portable_verify.testing.checks.tree_bad_inputs",
 )
 
 

@@ -1,0 +1,150 @@
+"""Bad tree inputs: with ``validate=True`` each raises the documented error naming the argument;
+with ``validate=False`` garbage trees never crash and every emitted id stays in ``[0, V)``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+import portable_verify as pv
+from portable_verify.testing.cases.tree_cases import random_tree_call
+from portable_verify.testing.checks.reference_comparison import host
+from portable_verify.testing.checks.tree_exact import tree_skip
+from portable_verify.testing.kit import CheckResult, check, summarize
+
+Edit = Callable[[dict[str, Any]], None]
+
+
+def valid_tree_call() -> dict[str, Any]:
+    """B = 2 trees of N = 4 nodes over V = 5, with draft probabilities (iid children)."""
+    gen = torch.Generator().manual_seed(7)
+    return {
+        "node_token_ids": torch.tensor([[0, 1, 2, 3], [0, 4, 4, 1]]),
+        "parents": torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2]]),
+        "target_logits": torch.randn(2, 4, 5, generator=gen),
+        "draft_probs": torch.softmax(torch.randn(2, 4, 5, generator=gen), -1),
+        "children": "iid",
+        "seed": 3,
+    }
+
+
+def _set(key: str, value: Any) -> Edit:
+    return lambda call: call.__setitem__(key, value)
+
+
+def _at(key: str, index: tuple[int, ...], value: float) -> Edit:
+    def edit(call: dict[str, Any]) -> None:
+        call[key] = call[key].clone()
+        call[key][index] = value
+    return edit
+
+
+def _drop(key: str) -> Edit:
+    return lambda call: call.pop(key)
+
+
+TREE_BAD_CASES: list[tuple[str, Edit, str, type[Exception]]] = [
+    ("a parent after its child", _at("parents", (0, 2), 3), "parents", ValueError),
+    ("a parent equal to the node", _at("parents", (1, 3), 3), "parents", ValueError),
+    ("a negative parent below node 0", _at("parents", (0, 1), -1), "parents", ValueError),
+    ("a root with a parent", _at("parents", (0, 0), 0), "parents", ValueError),
+    ("a token id >= V", _at("node_token_ids", (0, 1), 5), "node_token_ids", ValueError),
+    ("a token id < -1", _at("node_token_ids", (1, 2), -2), "node_token_ids", ValueError),
+    ("parents of another shape", _set("parents", torch.tensor([[-1, 0, 0]] * 2)), "parents",
+     ValueError),
+    ("float parents", _set("parents", torch.zeros(2, 4)), "parents", TypeError),
+    ("a target of another N", _set("target_logits", torch.zeros(2, 3, 5)), "target_logits",
+     ValueError),
+    ("draft_probs of another V", _set("draft_probs", torch.full((2, 4, 4), 0.25)),
+     "draft_probs", ValueError),
+    ("iid children without draft_probs", _drop("draft_probs"), "draft_probs", ValueError),
+    ("deterministic children with draft_probs", _set("children", "deterministic"),
+     "draft_probs", ValueError),
+    ("an unknown children mode", _set("children", "sampled"), "children", ValueError),
+    ("method='block'", _set("method", "block"), "block", ValueError),
+    ("NaN in the target", _at("target_logits", (1, 2, 0), float("nan")), "target_logits",
+     ValueError),
+    ("a draft row that does not sum to 1", _at("draft_probs", (0, 0, 1), 3.0), "draft_probs",
+     ValueError),
+    ("num_nodes of 0", _set("num_nodes", torch.tensor([0, 4])), "num_nodes", ValueError),
+    ("num_nodes beyond N", _set("num_nodes", torch.tensor([4, 5])), "num_nodes", ValueError),
+    ("a tree deeper than max_depth", _set("max_depth", 2), "max_depth", ValueError),
+    ("a negative max_depth", _set("max_depth", -1), "max_depth", ValueError),
+    ("uniforms of shape [B, N-1]", _set("uniforms", torch.full((2, 3), 0.5)), "uniforms",
+     ValueError),
+    ("a uniform of 0", _set("uniforms", torch.tensor([[0.5, 0.0, 0.5, 0.5]] * 2)), "uniforms",
+     ValueError),
+    ("rank-1 node_token_ids", _set("node_token_ids", torch.tensor([0, 1, 2, 3])),
+     "node_token_ids", ValueError),
+]
+"""(what is wrong, how the valid call is changed, the name the message must hold, the error)."""
+
+
+def expect_tree_error(call: dict[str, Any], backend: str, argument: str,
+                      error: type[Exception]) -> str | None:
+    try:
+        pv.verify_tree(**call, backend=backend)
+    except (ValueError, TypeError) as exc:
+        if type(exc) is not error:
+            return f"raised {type(exc).__name__} ({exc}), expected {error.__name__}"
+        return None if argument in str(exc) else f"message does not name {argument!r}: {exc}"
+    return "no error"
+
+
+@check("tree.bad_input_raises")
+def tree_bad_input_raises(backend: str, quick: bool) -> CheckResult:
+    """Every bad tree argument raises the documented error naming it (validate=True)."""
+    name = "tree.bad_input_raises"
+    if (skipped := tree_skip(name, backend)) is not None:
+        return skipped
+    pv.verify_tree(**valid_tree_call(), backend=backend)  # the unedited call is accepted
+    failures = []
+    for label, edit, argument, error in TREE_BAD_CASES:
+        call = valid_tree_call()
+        edit(call)
+        if (problem := expect_tree_error(call, backend, argument, error)) is not None:
+            failures.append(f"{label}: {problem}")
+    detail = (f"{len(TREE_BAD_CASES)} bad tree inputs rejected with the argument named"
+              if not failures else summarize(failures))
+    return CheckResult(name, not failures, detail, {"cases": len(TREE_BAD_CASES)})
+
+
+@check("tree.unvalidated_garbage")
+def tree_unvalidated_garbage(backend: str, quick: bool) -> CheckResult:
+    """validate=False on garbage trees (bad parents, ids, counts, NaN rows) never crashes, and
+    every emitted id lies in [0, V) with the documented shapes."""
+    name = "tree.unvalidated_garbage"
+    if (skipped := tree_skip(name, backend)) is not None:
+        return skipped
+    gen = np.random.default_rng(20261204)
+    failures = []
+    cases = 30 if quick else 120
+    for case in range(cases):
+        call = random_tree_call(gen, ("deterministic", "iid", "without_replacement")[case % 3])
+        b, n = call["node_token_ids"].shape
+        call["parents"] = torch.from_numpy(gen.integers(-3, n + 2, size=(b, n)))
+        call["node_token_ids"] = torch.from_numpy(gen.integers(-3, 9, size=(b, n)))
+        call["num_nodes"] = torch.from_numpy(gen.integers(-1, n + 3, size=b))
+        key = "target_logits" if "target_logits" in call else "target_probs"
+        target = call[key].clone()
+        target[gen.random(target.shape) < 0.1] = float("nan")
+        call[key] = target
+        call.pop("max_depth", None)
+        v = target.shape[-1]
+        for method in ("greedy", "rejection", "typical"):
+            try:
+                res = pv.verify_tree(**call, method=method, validate=False, backend=backend)
+            except Exception as exc:  # any exception is the failure reported
+                failures.append(f"case {case}/{method}: raised {type(exc).__name__}: {exc}")
+                continue
+            tokens = host(res.token_ids)
+            a = host(res.num_accepted)
+            emitted = np.arange(tokens.shape[1])[None, :] <= a[:, None]
+            if tokens.shape != (b, n) or ((tokens < 0) | (tokens >= v))[emitted].any():
+                failures.append(f"case {case}/{method}: tokens {tokens.tolist()}")
+    detail = (f"{cases} garbage cases x 3 methods: ids in range, shapes hold"
+              if not failures else summarize(failures))
+    return CheckResult(name, not failures, detail, {"cases": cases})
