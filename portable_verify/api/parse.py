@@ -19,7 +19,12 @@ import numpy as np
 import torch
 
 from portable_verify.core import layout
-from portable_verify.core.arguments import ArrayLike, check_temperature_scalar, to_tensor
+from portable_verify.core.arguments import (
+    ArrayLike,
+    check_temperature_scalar,
+    optional_count,
+    to_tensor,
+)
 from portable_verify.core.types import (
     DEFAULT_OPTIONS,
     DEFAULT_TYPICAL,
@@ -301,16 +306,6 @@ def _check_uniforms_shape(u: torch.Tensor | None, b: int, k: int, width: str) ->
 # ------------------------------------------------------------------------------ ragged
 
 
-def max_k_argument(max_k: Any) -> int | None:
-    if max_k is None:
-        return None
-    if isinstance(max_k, bool) or not isinstance(max_k, numbers.Integral):
-        raise TypeError(f"max_num_draft_tokens must be an int, got {type(max_k).__name__}")
-    if max_k < 0:
-        raise ValueError(f"max_num_draft_tokens must be >= 0, got {max_k}")
-    return int(max_k)
-
-
 MAX_OUTPUT_ELEMENTS = 2**31
 """A call's ``[B, K+1]`` outputs above this many entries are refused before allocation: such a
 ``K`` is a corrupted argument, not a batch."""
@@ -324,7 +319,7 @@ def parse_ragged(draft_token_ids: ArrayLike, num_draft_tokens: ArrayLike | None,
                  options: VerifyOptions, backend: str, validate: Any) -> VerifyCall:
     """A flat call: every request's drafts back to back, ``N+B`` target rows."""
     return_numpy = type(draft_token_ids) is not torch.Tensor
-    max_k = max_k_argument(max_num_draft_tokens)
+    max_k = optional_count("max_num_draft_tokens", max_num_draft_tokens)
     target_in, target_name = _target(target_logits, target_probs)
     flat = _host(draft_token_ids)
     target = _plain(target_in, _F32, torch.float32)

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from portable_verify import dispatch
 from portable_verify.api.parse import read_options
 from portable_verify.core import arguments, rng
-from portable_verify.core.arguments import ArrayLike, to_tensor
+from portable_verify.core.arguments import ArrayLike, optional_count, to_tensor
 from portable_verify.core.tree import CHILDREN_MODES, Children, TreeInputs, TreeResult
 from portable_verify.core.tree_validation import check_tree_structure, check_tree_values
 from portable_verify.core.types import DEFAULT_TYPICAL, VerifyOptions
@@ -165,13 +163,8 @@ def _children_mode(children: str, q: torch.Tensor | None) -> Children:
 
 
 def _width(max_depth: int | None, n: int) -> int:
-    if max_depth is None:
-        return n
-    if isinstance(max_depth, bool) or not isinstance(max_depth, numbers.Integral):
-        raise TypeError(f"max_depth must be an int or None, got {max_depth!r}")
-    if max_depth < 0:
-        raise ValueError(f"max_depth must be >= 0, got {max_depth}")
-    return int(max_depth) + 1
+    depth = optional_count("max_depth", max_depth)
+    return n if depth is None else depth + 1
 
 
 def _check_temperatures_and_uniforms(checks: ValueChecks, temps: torch.Tensor, target_name: str,

@@ -43,9 +43,9 @@ FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 class ArrayOps:
     """The array operations whose spelling differs between numpy (CPU) and torch (devices).
 
-    Why numpy on CPU: a numpy call on a ``[B, K]``-sized array costs ~0.5 us against ~2-4 us
-    for a torch op, which is most of a small call; and on one core numpy's float32 ``exp`` and
-    ``log`` run ~1.7x and ~2.4x faster than torch's (docs/benchmarks.md). Where torch is the
+    Why numpy on CPU: a numpy call on a ``[B, K]``-sized array costs a fraction of a torch op's,
+    and those calls are most of a small call; and on one core numpy's float32 ``exp`` and
+    ``log`` are faster than torch's (docs/benchmarks.md). Where torch is the
     faster one (sums, clamps, row copies) the host path calls it on the same memory through
     ``torch.from_numpy``. Nothing is copied between the two. Everything else is written once
     and runs with torch on accelerators (no host synchronisation there).
@@ -78,8 +78,8 @@ class ArrayOps:
 
 
     def rowsum(self, x: Array) -> Array:
-        """Sums over the last dim (on the host torch's vectorised sum, ~2x numpy's per element,
-        except for small arrays, where numpy's call costs a third)."""
+        """Sums over the last dim (on the host torch's vectorised sum, faster than numpy's per
+        element, except for small arrays, where numpy's call is cheaper)."""
         if self.host and x.size >= SMALL_SCRATCH:
             return torch.from_numpy(x).sum(-1).numpy()
         return x.sum(-1)
@@ -124,8 +124,8 @@ class ArrayOps:
         return x[np.arange(idx.shape[0])[:, None], idx] if self.host else x.gather(1, idx)
 
     def relu_(self, x: Array) -> Array:
-        """``max(x, 0)`` in place (on the host torch's, ~2.5x numpy's ``maximum`` per element,
-        except for small arrays)."""
+        """``max(x, 0)`` in place (on the host torch's, faster than numpy's ``maximum`` per
+        element, except for small arrays)."""
         if self.host and x.size < SMALL_SCRATCH:
             return np.maximum(x, 0.0, out=x)
         (torch.from_numpy(x) if self.host else x).clamp_min_(0.0)
@@ -164,7 +164,7 @@ class ArrayOps:
         return source[rows, cols].float()
 
     def target_argmax(self, target: torch.Tensor) -> Array:
-        """Row argmax of the whole target. numpy's argmax reads memory ~6x faster than
+        """Row argmax of the whole target. numpy's argmax reads memory several times faster than
         ``torch.argmax`` on CPU (docs/benchmarks.md) and also returns the first maximal index."""
         if self.host and target.dtype == torch.float32:
             return np.argmax(target.numpy(), axis=-1)
@@ -343,8 +343,8 @@ CPU_TILE_ELEMENTS = 1 << 17
 stays in the core's L2 cache, so the target is read from memory once instead of once per op."""
 
 CPU_FINAL_TILE_ELEMENTS = 1 << 20
-"""Tile of the one-row-per-request stage on CPU (4 MiB): that stage runs ~40 small ops per tile
-(the draw), so fewer, larger tiles win over L2 residency."""
+"""Tile of the one-row-per-request stage on CPU (4 MiB): that stage runs dozens of small ops per
+tile (the draw), so fewer, larger tiles win over L2 residency."""
 
 _scratch = threading.local()
 SMALL_SCRATCH = 1 << 14
@@ -443,7 +443,7 @@ def _logits_sums(ops: ArrayOps, target: torch.Tensor,
 def _probs_entropy(ops: ArrayOps, target: torch.Tensor) -> Callable[..., tuple[Array]]:
     """Per read row, ``H = -sum p log p`` with ``0 log 0 = 0``: ``log(p + tiny)`` is ``log p``
     for every ``p`` that matters and finite at 0, so one ``log`` and one dot suffice (``xlogy``
-    measured 2.5x slower)."""
+    is slower on CPU)."""
 
     def entropy(rows: Array, bufs: list[torch.Tensor]) -> tuple[Array]:
         p = ops.load(target, rows, bufs[0])
@@ -468,8 +468,8 @@ def _count_below(c: Array, threshold: Array) -> Array:
 def _draw(ops: ArrayOps, weights: Array, v: Array) -> tuple[Array, Array]:
     """``(t, total)``: per row the smallest ``t`` with ``cumsum(w)[t] >= v * sum(w)``.
 
-    Why two levels: a cumulative sum is a sequential scan (~1-2 ns per element on one CPU core,
-    the dearest step of a rejection at V = 128k), but the draw only needs the crossing point.
+    Why two levels: a cumulative sum is a sequential scan (the dearest step of a rejection at
+    V = 128k on one CPU core), but the draw only needs the crossing point.
     Block sums (a vectorised float32 reduction) locate the crossing block; one
     ``DRAW_BLOCK``-long scan inside it finds the token. Prefixes are accumulated and compared in
     float64 as docs/semantics.md prescribes, so the pick differs from the reference's sequential
@@ -485,8 +485,8 @@ def _draw(ops: ArrayOps, weights: Array, v: Array) -> tuple[Array, Array]:
         # The clamp: NaN rows (validate=False) still give an id in range.
         return ops.clip(_count_below(c, v64 * total), high=v_size - 1), total
     n_full = v_size // DRAW_BLOCK
-    # Block sums in float32: a 256-term vectorised sum errs by far less than the ~1e-5 drift of a
-    # 128k-long float32 scan, and float64 reductions run ~30x slower on CPU.
+    # Block sums in float32: a 256-term vectorised sum errs by far less than the drift of a
+    # 128k-long float32 scan, and float64 reductions are far slower on CPU.
     blocks = weights[:, : n_full * DRAW_BLOCK].reshape(b, n_full, DRAW_BLOCK)
     sums = ops.rowsum(blocks)
     if n_full * DRAW_BLOCK < v_size:

@@ -54,6 +54,17 @@ def to_tensor(name: str, x: ArrayLike | None) -> torch.Tensor | None:
     raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
 
 
+def optional_count(name: str, value: Any) -> int | None:
+    """A non-negative Python int option (``max_num_draft_tokens``, ``max_depth``), or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int or None, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
 def is_int_scalar(x: Any) -> bool:
     return isinstance(x, (numbers.Integral, np.integer)) and not isinstance(x, bool)
 
