@@ -19,6 +19,7 @@ from portable_verify.core import arguments, layout, rng
 from portable_verify.core.arguments import ArrayLike, to_tensor
 from portable_verify.core.types import (
     INVALID_DRAFT_TOKEN_ID,
+    HostTensorResult,
     VerifyCall,
     VerifyInputs,
     VerifyResult,
@@ -69,8 +70,7 @@ def decide(call: VerifyCall) -> VerifyResult:
         else:
             if call.return_numpy:
                 return VerifyResult._of(tokens, accepted, emitted, counts)
-            return VerifyResult._of(torch.from_numpy(tokens), torch.from_numpy(accepted),
-                                    torch.from_numpy(emitted), torch.from_numpy(counts))
+            return HostTensorResult.of_host(tokens, accepted, emitted, counts)
     return _decide_inputs(_tensors(call), backend)
 
 
