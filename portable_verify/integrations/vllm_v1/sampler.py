@@ -62,20 +62,23 @@ def verify_spec_decode_step(
     n = draft_token_ids.shape[0]
     k = max_spec_len
     device = target_logits.device
-    bonus = bonus_token_ids.reshape(-1)
     if b == 0 or n == 0:  # nothing to verify: every request emits its bonus token
         out = torch.full((b, k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device)
-        out[:, 0] = bonus.to(torch.int32)
+        out[:, 0] = bonus_token_ids.reshape(-1).to(torch.int32)
         return out
-    host = device.type == "cpu"  # row maps in numpy there: a fifth of torch's per-op cost
-    cu = (cu_num_draft_tokens.numpy().astype(np.int64) if host
-          else cu_num_draft_tokens.to(torch.int64))
-    flat = draft_token_ids.numpy().astype(np.int64) if host else draft_token_ids
-    counts = np.diff(cu, prepend=0) if host else torch.diff(cu, prepend=cu.new_zeros(1))
-    # vLLM's target has one row per draft and no bonus rows: the bonus position repeats a
-    # row, only read when every draft passed, and then the caller's bonus token replaces it.
-    drafts, rows, draft_rows = layout.ragged_maps(flat, counts, cu - counts, k,
-                                                  bonus_rows=False)
+    host = device.type == "cpu"
+    if host:  # numpy, and maps cached per step shape: a step is a few small array ops
+        counts, rows, draft_rows, used = _host_maps(tuple(num_draft_tokens), k)
+        drafts = np.where(used, draft_token_ids.numpy()[draft_rows], 0).astype(np.int64)
+        bonus = bonus_token_ids.numpy().reshape(-1)
+    else:
+        cu = cu_num_draft_tokens.to(torch.int64)
+        counts = torch.diff(cu, prepend=cu.new_zeros(1))
+        # vLLM's target has one row per draft and no bonus rows: the bonus position repeats a
+        # row, only read when every draft passed, and then the caller's bonus token replaces it.
+        drafts, rows, draft_rows = layout.ragged_maps(draft_token_ids, counts, cu - counts, k,
+                                                      bonus_rows=False)
+        bonus = bonus_token_ids.reshape(-1)
     temps: float | Any = 1.0
     seeds: Any = None
     if all_greedy:
@@ -93,10 +96,24 @@ def verify_spec_decode_step(
         drafts, target_rows=rows, target_logits=target_logits,
         num_draft_tokens=counts, draft_probs=draft_probs,
         draft_rows=draft_rows if draft_probs is not None else None,
-        temperature=temps, seed=seeds, bonus_token_ids=bonus.numpy() if host else bonus,
+        temperature=temps, seed=seeds, bonus_token_ids=bonus,
         options=options, backend=backend, validate=False)
     tokens = result.token_ids
     return (torch.from_numpy(tokens) if host else tokens).to(torch.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def _host_maps(counts: tuple[int, ...], k: int
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(counts [B], rows [B, K+1], draft_rows [B, K], used [B, K])`` of a vLLM v1 step on the
+    host (``core/layout.py``, no bonus rows), per step shape: engines repeat a few shapes, and
+    the maps depend on nothing else. Callers must not write to them."""
+    sizes = np.asarray(counts, dtype=np.int64)
+    starts = np.cumsum(sizes) - sizes
+    flat = np.zeros(int(sizes.sum()), dtype=np.int64)
+    _, rows, draft_rows = layout.ragged_maps(flat, sizes, starts, k, bonus_rows=False)
+    used = np.arange(k)[None, :] < sizes[:, None]
+    return sizes, rows, draft_rows, used
 
 
 @functools.lru_cache(maxsize=8)
