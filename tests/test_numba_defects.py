@@ -115,3 +115,46 @@ def test_numba_works_without_a_writable_cache() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     assert "tokens 3" in out.stdout
     assert out.stderr.count("compile uncached") == 1, out.stderr
+
+
+def test_results_identical_at_1_2_and_3_threads() -> None:
+    """Parallel over requests, every method: bit-identical tokens at 1, 2 and 3 threads (a
+    child with a 3-thread numba pool; the calls are above the one-thread crossover)."""
+    code = """
+        import os
+        import numpy as np, torch, portable_verify as pv
+        g = torch.Generator().manual_seed(5)
+        b, k, v = 24, 3, 16384
+        logits = torch.randn(b, k + 1, v, generator=g) * 3
+        probs = torch.softmax(logits, -1)
+        q = torch.softmax(torch.randn(b, k, v, generator=g) * 3, -1)
+        drafts = torch.where(torch.rand(b, k, generator=g) < 0.6, logits[:, :k].argmax(-1),
+                             torch.randint(0, v, (b, k), generator=g))
+        temps = torch.rand(b, generator=g) * 1.5
+        temps[::5] = 0.0
+        calls = {
+            "greedy": dict(target_logits=logits, method="greedy"),
+            "rejection/logits": dict(target_logits=logits, temperature=temps),
+            "rejection/probs": dict(target_probs=probs, draft_probs=q),
+            "typical/logits": dict(target_logits=logits, method="typical"),
+            "typical/probs": dict(target_probs=probs, method="typical"),
+        }
+        for name, kw in calls.items():
+            out = []
+            for n in ("1", "2", "3"):
+                os.environ["PORTABLE_VERIFY_NUM_THREADS"] = n
+                out.append(pv.verify(drafts, seed=7, backend="numba:cpu", **kw).token_ids)
+            same = all(torch.equal(o, out[0]) for o in out)
+            ref = pv.verify(drafts, seed=7, backend="torch:cpu", **kw).token_ids
+            print(name, same, int((ref != out[0]).any(-1).sum()))
+    """
+    import os
+
+    out = _child(code, env={**os.environ, "NUMBA_NUM_THREADS": "3"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.strip().splitlines()
+    assert len(lines) == 5, out.stdout
+    for line in lines:
+        name, same, differing = line.split()
+        assert same == "True", line
+        assert int(differing) == 0, line  # and the same tokens as the torch backend

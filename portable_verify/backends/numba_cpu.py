@@ -10,6 +10,7 @@ come from the torch backend, rerun by dispatch on the same inputs (one source of
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -22,8 +23,8 @@ from portable_verify.backends.base import (
     ReadValueError,
 )
 from portable_verify.core.arguments import FLOAT32_MAX, request_seeds
+from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 from portable_verify.core.types import VerifyCall, VerifyInputs
-from portable_verify.core.validation import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -39,9 +40,29 @@ EMPTY_I64_2 = np.empty((0, 0), dtype=np.int64)
 EMPTY_F32_1 = np.empty(0, dtype=np.float32)
 EMPTY_F32_2 = np.empty((0, 0), dtype=np.float32)
 
-ARGMAX_IN_NUMPY = 4096
-"""Greedy rows above this many target values take numpy's argmax (SIMD, ~6x a scalar loop)
-before the kernel; below it the kernel's own loop is cheaper than one more call."""
+BY_ADDRESS_MAX = 4096
+"""Calls with at most this many target values read torch tensors by address on one thread
+(their numpy views cost more than the whole decision)."""
+
+PARALLEL_MIN_VALUES = 1 << 18
+"""Target values below which a call runs on one thread: under it, starting the threads costs
+more than they save (measured crossover: docs/benchmarks.md, bench/threads_crossover.py)."""
+
+ENV_THREADS = "PORTABLE_VERIFY_NUM_THREADS"
+
+
+def threads_for(values: int) -> int:
+    """Threads for a call reading about ``values`` target values: 1 below
+    :data:`PARALLEL_MIN_VALUES`, else ``PORTABLE_VERIFY_NUM_THREADS`` if set, else the caller's
+    ``torch.get_num_threads()`` (what vLLM's CPU worker sets), at most numba's pool size."""
+    if values < PARALLEL_MIN_VALUES:
+        return 1
+    wanted = os.environ.get(ENV_THREADS)
+    n = int(wanted) if wanted and wanted.strip().isdigit() else torch.get_num_threads()
+    n = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
+    if n > 1:
+        numba.set_num_threads(n)  # this Python thread's pool size (numba keeps it per thread)
+    return n
 
 
 def host_array(t: Any, dtype: Any) -> np.ndarray:
@@ -56,20 +77,31 @@ def _outputs(b: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             np.empty(b, dtype=np.int64), np.empty(b, dtype=np.int64))
 
 
+def options_record(*, is_logits: bool, all_greedy: bool = False, typical: bool = False,
+                   check: bool = True, seed_mode: int = 1, seed_scalar: int = 0,
+                   offset_scalar: int = 0, threads: int = 1, vocab_parallel: bool = False,
+                   temp_scalar: float = 1.0,
+                   eps: float = 0.0, alpha: float = 0.0, atol: float = PROB_SUM_ATOL,
+                   q_atol: float = PROB_SUM_ATOL) -> np.ndarray:
+    """A call's options as the kernel's one record (:data:`numba_kernels.OPTIONS`)."""
+    return np.array([(is_logits, all_greedy, typical, check, seed_mode, seed_scalar,
+                      offset_scalar, threads, vocab_parallel, temp_scalar, eps, alpha, atol,
+                      q_atol)],
+                    dtype=kernels.OPTIONS)
+
+
 def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
                   drafts: np.ndarray | torch.Tensor, *,
                   rows: np.ndarray = EMPTY_I64_2, counts: np.ndarray = EMPTY_I64_1,
                   q: np.ndarray = EMPTY_F32_2, qrows: np.ndarray = EMPTY_I64_2,
-                  temps: np.ndarray = EMPTY_F32_1, temp_scalar: float = 1.0,
-                  all_greedy: bool = False, typical: bool = False, eps: float = 0.0,
-                  alpha: float = 0.0, uniforms: np.ndarray = EMPTY_F32_2,
-                  seeds: np.ndarray = EMPTY_I64_1, seed_scalar: int = 0, seed_mode: int = 1,
-                  offsets: np.ndarray = EMPTY_I64_1, offset_scalar: int = 0,
-                  bonus: np.ndarray = EMPTY_I64_1, check: bool = True,
-                  atol: float = PROB_SUM_ATOL, q_atol: float = PROB_SUM_ATOL
+                  temps: np.ndarray = EMPTY_F32_1, uniforms: np.ndarray = EMPTY_F32_2,
+                  seeds: np.ndarray = EMPTY_I64_1, offsets: np.ndarray = EMPTY_I64_1,
+                  bonus: np.ndarray = EMPTY_I64_1, **options: Any
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
     """``(token_ids, num_accepted, num_emitted, num_draft_tokens, ok)`` from host arrays whose
-    layout the caller has checked (shapes index memory here: nothing is bounds-checked).
+    layout the caller has checked (shapes index memory here: nothing is bounds-checked);
+    ``options`` are the fields of :func:`options_record` other than ``is_logits`` and
+    ``threads``.
 
     ``target`` holds the flat rows ``[..., V]`` (C-contiguous); it and ``drafts`` may also be
     contiguous float32 / int64 CPU tensors, read in place by address.
@@ -79,27 +111,20 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     if v == 0 and b > 0:
         raise ValueError("the target has an empty vocabulary dimension")
     r = b * (k + 1) if rows.shape[0] == 0 else target.shape[0]  # rows: target is [R, V]
-    # Per-row temperatures need the target's argmax only when some row is greedy.
-    greedy_possible = (all_greedy or temp_scalar == 0.0
-                       or (temps.shape[0] > 0 and bool((temps == 0).any())))
     tokens, accepted, emitted, out_counts = _outputs(b, k)
-    by_address = type(target) is torch.Tensor and type(drafts) is torch.Tensor
-    if by_address and not (greedy_possible and r * v > ARGMAX_IN_NUMPY):
+    if type(target) is torch.Tensor and type(drafts) is torch.Tensor and r * v <= BY_ADDRESS_MAX:
+        record = options_record(is_logits=is_logits, **options)
         error = kernels.decide_at(
-            target.data_ptr(), r, v, is_logits, rows, drafts.data_ptr(), b, k, counts, q,
-            qrows, temps, temp_scalar, all_greedy, typical, eps, alpha, uniforms, seeds,
-            seed_scalar, seed_mode, offsets, offset_scalar, bonus, check, atol, q_atol,
-            tokens, accepted, emitted, out_counts)
+            target.data_ptr(), r, v, rows, drafts.data_ptr(), b, k, counts, q, qrows, temps,
+            uniforms, seeds, offsets, bonus, record, tokens, accepted, emitted, out_counts)
         return tokens, accepted, emitted, out_counts, error == 0
-    target = host_array(target, np.float32)
-    target = target.reshape(-1, v)
-    drafts = host_array(drafts, np.int64)
-    argmax = (np.argmax(target, axis=1) if greedy_possible and target.size > ARGMAX_IN_NUMPY
-              else EMPTY_I64_1)
-    error = kernels.decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar,
-                           all_greedy, typical, eps, alpha, uniforms, seeds, seed_scalar,
-                           seed_mode, offsets, offset_scalar, argmax, bonus, check, atol,
-                           q_atol, tokens, accepted, emitted, out_counts)
+    target = host_array(target, np.float32).reshape(-1, v)
+    threads = threads_for(b * k * v)
+    record = options_record(is_logits=is_logits, threads=threads, vocab_parallel=b < threads,
+                            **options)
+    error = kernels.decide(target, rows, host_array(drafts, np.int64), counts, q, qrows, temps,
+                           uniforms, seeds, offsets, bonus, record, tokens, accepted, emitted,
+                           out_counts)
     return tokens, accepted, emitted, out_counts, error == 0
 
 
@@ -113,16 +138,15 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     v = target.shape[-1]
     r = b * (k + 1)
     tokens, accepted, emitted, out_counts = _outputs(b, k)
-    if type(target) is torch.Tensor and type(drafts) is torch.Tensor and r * v <= ARGMAX_IN_NUMPY:
+    if type(target) is torch.Tensor and type(drafts) is torch.Tensor and r * v <= BY_ADDRESS_MAX:
         error = kernels.greedy_at(target.data_ptr(), r, v, is_logits,
                                   drafts.data_ptr(), b, k, counts, bonus, check, tokens,
                                   accepted, emitted, out_counts)
     else:
         target = host_array(target, np.float32).reshape(r, v)
-        drafts = host_array(drafts, np.int64)
-        argmax = np.argmax(target, axis=1) if r * v > ARGMAX_IN_NUMPY else EMPTY_I64_1
-        error = kernels.greedy(target, is_logits, drafts, counts, argmax, bonus, check, tokens,
-                               accepted, emitted, out_counts)
+        error = kernels.greedy(target, is_logits, host_array(drafts, np.int64), counts, bonus,
+                               check, threads_for(b * v), tokens, accepted, emitted,
+                               out_counts)
     return tokens, accepted, emitted, out_counts, error == 0
 
 

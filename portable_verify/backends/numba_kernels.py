@@ -1,13 +1,14 @@
 """The whole decision of one call as one compiled CPU kernel (numba).
 
-Why: at the serving operating point (batch 1-8) a call's cost was ~100 Python-level array
-calls of 0.5-4 us each, against ~2 us for a bare ``torch.argmax``; one compiled call costs
-under a microsecond to enter. The loop over requests below is compiled code, not Python.
-Semantics are docs/semantics.md, line by line as in ``numpy_ref.verify_one``; the row passes
-use :mod:`portable_verify.backends.numba_math` (vectorised max and exp).
+Why: at the serving operating point (batch 1-8) a call's fixed cost is what matters, and one
+compiled call costs under a microsecond to enter; at serving scale the requests run in
+parallel (``prange``; docs/decisions.md says how threads are chosen). Semantics are
+docs/semantics.md; each request is ``numpy_ref.verify_one``'s twin, in the same two halves
+(:func:`accept_prefix`, :func:`final_token`); the row passes are
+:mod:`portable_verify.backends.numba_math` (vectorised max, argmax, exp, log).
 
 Arrays that an option leaves out are passed as empty arrays of the same dtype and rank, so the
-kernel compiles once per target dtype (float32).
+kernel compiles once; the options travel as one record (:data:`OPTIONS`).
 """
 
 from __future__ import annotations
@@ -21,14 +22,21 @@ from numba.extending import intrinsic
 
 from portable_verify.backends.numba_math import (
     JIT,
+    entropy,
+    entropy_par,
     exp_sum,
     exp_sum_dot,
+    exp_sum_dot_par,
+    exp_sum_par,
     residual,
     residual_stats,
+    row_argmax,
+    row_argmax_par,
     row_max,
+    row_max_par,
     row_stats,
 )
-from portable_verify.core import rng
+from portable_verify.core import constants, rng
 
 # The counter hash of core/rng.py, as uint64 constants (its one source of truth).
 MASK32 = np.uint64(rng.MASK32)
@@ -39,13 +47,29 @@ MIX_C2 = np.uint64(rng.MIX_C2)
 UNIFORM_SHIFT = np.uint64(32 - rng.UNIFORM_BITS)
 UNIFORM_SCALE = np.float32(rng.UNIFORM_SCALE)
 DRAW_COUNTER = rng.DRAW_COUNTER  # the draw's counter; acceptance at position j uses 2j
-DRAW_BLOCK = 256
+DRAW_BLOCK = constants.DRAW_BLOCK
+TEMP_LOW = constants.FLOAT32_TINY
+TEMP_HIGH = constants.FLOAT32_MAX
 
 EMPTY_ROWS = np.empty((0, 0), dtype=np.int64)
-EMPTY_ARGMAX = np.empty(0, dtype=np.int64)
 
 ERROR_NONE = 0
 ERROR_VALUE = 1  # a value the decision reads is invalid: the caller words it (torch backend)
+
+OPTIONS = np.dtype([
+    ("is_logits", np.bool_), ("all_greedy", np.bool_), ("typical", np.bool_),
+    ("check", np.bool_), ("seed_mode", np.int64), ("seed_scalar", np.int64),
+    ("offset_scalar", np.int64), ("threads", np.int64), ("vocab_parallel", np.bool_),
+    ("temp_scalar", np.float64),
+    ("eps", np.float64), ("alpha", np.float64), ("atol", np.float64), ("q_atol", np.float64),
+], align=True)
+"""A call's options as one record (a 1-element array of it goes down to the kernel).
+
+``seed_mode`` 1: per-request ``seeds``; 2: ``row_seed(seed_scalar, i)``; ``offset_scalar``
+when ``offsets`` is empty; ``temp_scalar`` when ``temps`` is empty; ``threads``: how many
+threads run the call (1: the serial loop); ``vocab_parallel``: the requests in turn, each
+row's vocabulary blocks in parallel (fewer requests than threads); ``atol`` / ``q_atol``:
+the sum tolerance of target / draft probability rows."""
 
 
 @numba.njit(inline="always", **JIT)
@@ -56,17 +80,6 @@ def _mix32(x):
     x = x ^ (x >> np.uint64(15))
     x = (x * MIX_C2) & MASK32
     return x ^ (x >> np.uint64(16))
-
-
-@numba.njit(inline="always", **JIT)
-def _request_key(seed, offset):
-    """core/rng.request_keys for one request (int64 seed and offset)."""
-    s = np.uint64(seed)
-    o = np.uint64(offset)
-    k = _mix32(((s >> np.uint64(32)) & MASK32) ^ SEED_SALT)
-    k = _mix32((s & MASK32) ^ k)
-    k = _mix32(((o >> np.uint64(32)) & MASK32) ^ k)
-    return _mix32((o & MASK32) ^ k)
 
 
 @numba.njit(inline="always", **JIT)
@@ -85,32 +98,6 @@ def row_seed(seed, row):
     return np.int64((_mix32(r ^ k) << np.uint64(31)) ^ _mix32(r ^ (k ^ COUNTER_SALT)))
 
 
-@numba.njit(inline="always", **JIT)
-def _argmax(row):
-    """First index of the maximum; a NaN wins at its first index (as numpy's argmax)."""
-    best = 0
-    top = row[0]
-    if top != top:
-        return 0
-    for j in range(1, row.shape[0]):
-        x = row[j]
-        if x != x:
-            return j
-        if x > top:
-            top = x
-            best = j
-    return best
-
-
-@numba.njit(inline="always", **JIT)
-def _first_at_least(w, level):
-    """First index with ``w >= level`` (the argmax of ``w`` when ``level`` is its maximum)."""
-    for j in range(w.shape[0]):
-        if w[j] >= level:
-            return j
-    return _argmax(w)
-
-
 @numba.njit(fastmath={"reassoc"}, **JIT)
 def _block_sum(block):
     """float64 sum of a float32 slice, reassociated so that it vectorises (not inlined by numba:
@@ -122,46 +109,51 @@ def _block_sum(block):
 
 
 @numba.njit(**JIT)
-def draw(w, v):
+def draw(w, v, par=False):
     """Smallest ``t`` with ``cumsum(w)[t] >= v * sum(w)`` in float64, and the total.
 
-    Two levels: block sums (vectorised), then one sequential scan inside the crossing block.
-    Prefixes are float64 as docs/semantics.md prescribes; the pick differs from a single
-    sequential scan only where the threshold lies within float64 rounding of a prefix.
+    Two levels: block sums (vectorised; in parallel with ``par``), then one sequential scan
+    inside the crossing block. Prefixes are float64 as docs/semantics.md prescribes; the pick
+    differs from a single sequential scan only where the threshold lies within float64
+    rounding of a prefix.
     """
-    sums, total, _, _ = _block_sums(w, False)
+    sums, total, _, _ = _block_sums_par(w, False) if par else _block_sums(w, False)
     return _pick(w, sums, total, v), total
 
 
 @numba.njit(**JIT)
-def draw_checked(w, v, atol):
+def draw_checked(w, v, atol, par=False):
     """:func:`draw`, and whether ``w`` is not a distribution (a negative or NaN entry, or a
     total not within ``atol`` of 1), found on the draw's own pass over the row."""
-    sums, total, low, has_nan = _block_sums(w, True)
-    bad = not (low >= 0 and not has_nan and total < np.inf and abs(total - 1) <= atol)
-    return _pick(w, sums, total, v), bad
+    sums, total, low, has_nan = _block_sums_par(w, True) if par else _block_sums(w, True)
+    return _pick(w, sums, total, v), not _is_distribution(low, has_nan, total, atol)
 
 
-@numba.njit(inline="always", **JIT)
-def _block_sums(w, with_stats):
-    """Per-block float64 sums and their total; with ``with_stats`` also the row's minimum and
-    whether it holds a NaN (:func:`numba_math.row_stats` per block: the same pass)."""
+def _block_sums_source(w, with_stats):
+    """Per-block float64 sums and their total (in block order); with ``with_stats`` also the
+    row's minimum and whether it holds a NaN (:func:`numba_math.row_stats` per block)."""
     size = w.shape[0]
     n_blocks = (size + DRAW_BLOCK - 1) // DRAW_BLOCK
     sums = np.empty(n_blocks, dtype=np.float64)
-    total = 0.0
-    low = np.float32(np.inf)
-    has_nan = False
-    for b in range(n_blocks):
+    lows = np.empty(n_blocks, dtype=np.float32)
+    nans = np.zeros(n_blocks, dtype=np.bool_)
+    for b in numba.prange(n_blocks):
         block = w[b * DRAW_BLOCK:min(size, (b + 1) * DRAW_BLOCK)]
         if with_stats:
-            block_low, block_nan, sums[b] = row_stats(block)
-            low = min(low, block_low)
-            has_nan = has_nan or block_nan
+            lows[b], nans[b], sums[b] = row_stats(block)
         else:
             sums[b] = _block_sum(block)
+            lows[b] = 0.0
+    total = 0.0
+    low = np.float32(np.inf)
+    for b in range(n_blocks):
         total += sums[b]
-    return sums, total, low, has_nan
+        low = min(low, lows[b])
+    return sums, total, low, nans.any()
+
+
+_block_sums = numba.njit(**JIT)(_block_sums_source)
+_block_sums_par = numba.njit(parallel=True, **JIT)(_block_sums_source)
 
 
 @numba.njit(inline="always", **JIT)
@@ -188,10 +180,15 @@ def _pick(w, sums, total, v):
 
 
 @numba.njit(inline="always", **JIT)
+def _is_distribution(low, has_nan, total, atol):
+    return low >= 0 and not has_nan and total < np.inf and abs(total - 1) <= atol
+
+
+@numba.njit(inline="always", **JIT)
 def _not_a_distribution(row, atol):
     """A row a draw reads in full: a negative or NaN entry, or a total not within ``atol`` of 1."""
     low, has_nan, total = row_stats(row)
-    return not (low >= 0 and not has_nan and total < np.inf and abs(total - 1) <= atol)
+    return not _is_distribution(low, has_nan, total, atol)
 
 
 @numba.njit(inline="always", **JIT)
@@ -200,24 +197,14 @@ def _bad_prob(x):
 
 
 @numba.njit(inline="always", **JIT)
-def _greedy_request(target, rows, drafts, argmax_rows, i, n, is_logits, check):
-    """``(accepted, final, bad)`` of greedy request ``i`` with ``n`` drafts: the longest prefix
-    where draft == argmax, then the first unmatched argmax (or the bonus position's)."""
-    k = drafts.shape[1]
-    bad = False
-    for j in range(n + 1):
-        r = (i * (k + 1) + j) if rows.shape[0] == 0 else _clamp(rows[i, j], target.shape[0])
-        row = target[r]
-        g = _argmax(row) if argmax_rows.shape[0] == 0 else argmax_rows[r]
-        if check:  # the argmax lands on a NaN if the row has one
-            top = row[g]
-            if is_logits and not (top > -np.inf and top < np.inf):
-                bad = True
-            if not is_logits and _bad_prob(top):
-                bad = True
-        if j == n or drafts[i, j] != g:
-            return j, g, bad
-    return n, 0, bad
+def _bad_logit_max(m, has_nan):
+    return has_nan or not (m > -np.inf and m < np.inf)
+
+
+@numba.njit(inline="always", **JIT)
+def _flag(error, bad):
+    """The one way a check raises the call's flag (docs/semantics.md, Validation)."""
+    return ERROR_VALUE if bad else error
 
 
 @numba.njit(inline="always", **JIT)
@@ -225,6 +212,18 @@ def _clamp(r, size):
     """A row index from the caller's maps kept inside the array (garbage under validate=False
     must not read outside it)."""
     return min(max(r, 0), size - 1)
+
+
+@numba.njit(inline="always", **JIT)
+def _target_row(rows, i, j, k, n_rows):
+    """Target row of request ``i``, position ``j``: padded ``i*(K+1) + j``, or the caller's map."""
+    return (i * (k + 1) + j) if rows.shape[0] == 0 else _clamp(rows[i, j], n_rows)
+
+
+@numba.njit(inline="always", **JIT)
+def _draft_row(qrows, i, j, k, n_rows):
+    """Draft-probability row of request ``i``, position ``j`` (padded ``i*K + j``, or a map)."""
+    return (i * k + j) if qrows.shape[0] == 0 else _clamp(qrows[i, j], n_rows)
 
 
 @numba.njit(inline="always", **JIT)
@@ -254,33 +253,93 @@ def _bad_ids(drafts, bonus, i, n, v_size):
 
 
 @numba.njit(inline="always", **JIT)
-def _greedy_all(target, is_logits, drafts, counts, argmax_rows, bonus, check, out_tokens,
+def _bad_request(drafts, bonus, explicit_u, i, n, t, v_size, is_logits):
+    """The request's ``O(K)`` checks: ids, its temperature, its explicit uniforms."""
+    bad = _bad_ids(drafts, bonus, i, n, v_size) or not (t >= 0 and t < np.inf)
+    bad = bad or (not is_logits and t != 0 and t != 1)
+    if explicit_u.shape[0] > 0:
+        for j in range(drafts.shape[1] + 1):
+            bad = bad or not (explicit_u[i, j] > 0 and explicit_u[i, j] <= 1)
+    return bad
+
+
+@numba.njit(inline="always", **JIT)
+def _greedy_request(target, rows, drafts, i, n, is_logits, check, par):
+    """``(accepted, final, bad)`` of greedy request ``i`` with ``n`` drafts: the longest prefix
+    where draft == argmax, then the first unmatched argmax (or the bonus position's)."""
+    k = drafts.shape[1]
+    bad = False
+    for j in range(n + 1):
+        row = target[_target_row(rows, i, j, k, target.shape[0])]
+        g = row_argmax_par(row) if par else row_argmax(row)
+        if check:  # the argmax lands on a NaN if the row has one
+            top = row[g]
+            bad = bad or (is_logits and not (top > -np.inf and top < np.inf))
+            bad = bad or (not is_logits and _bad_prob(top))
+        if j == n or drafts[i, j] != g:
+            return j, g, bad
+    return n, 0, bad
+
+
+@numba.njit(inline="always", **JIT)
+def _emit(out_tokens, drafts, i, accepted, final):
+    """Row ``i``: the accepted drafts, the final token, then placeholders (-1)."""
+    for j in range(out_tokens.shape[1]):
+        if j < accepted:
+            out_tokens[i, j] = drafts[i, j]
+        elif j == accepted:
+            out_tokens[i, j] = final
+        else:
+            out_tokens[i, j] = -1
+
+
+@numba.njit(inline="always", **JIT)
+def _greedy_one(target, is_logits, drafts, counts, bonus, check, par, i, out_tokens,
                 out_accepted, out_emitted, out_counts):
-    error = ERROR_NONE
-    v_size = target.shape[1]
-    for i in range(drafts.shape[0]):
-        n, n_raw, out_counts[i], bad = _count(counts, drafts, i, check)
-        if check and _bad_ids(drafts, bonus, i, n, v_size):
-            bad = True
-        accepted, final, bad_row = _greedy_request(target, EMPTY_ROWS, drafts, argmax_rows, i,
-                                                   n, is_logits, check)
-        if bad or bad_row:
-            error = ERROR_VALUE
-        if bonus.shape[0] > 0 and accepted == n_raw:
-            final = bonus[i]
-        out_accepted[i] = accepted
-        out_emitted[i] = accepted + 1
-        _emit(out_tokens, drafts, i, accepted, final)
-    return error
+    """Greedy request ``i`` from count to emission; returns its flag."""
+    n, n_raw, out_counts[i], bad = _count(counts, drafts, i, check)
+    bad = bad or (check and _bad_ids(drafts, bonus, i, n, target.shape[1]))
+    accepted, final, bad_row = _greedy_request(target, EMPTY_ROWS, drafts, i, n, is_logits,
+                                               check, par)
+    if bonus.shape[0] > 0 and accepted == n_raw:
+        final = bonus[i]
+    out_accepted[i] = accepted
+    out_emitted[i] = accepted + 1
+    _emit(out_tokens, drafts, i, accepted, final)
+    return _flag(ERROR_NONE, bad or bad_row)
 
 
 @numba.njit(**JIT)
-def greedy(target, is_logits, drafts, counts, argmax_rows, bonus, check, out_tokens,
+def _greedy_serial(target, is_logits, drafts, counts, bonus, check, par, out_tokens,
+                   out_accepted, out_emitted, out_counts):
+    error = ERROR_NONE
+    for i in range(drafts.shape[0]):
+        error = max(error, _greedy_one(target, is_logits, drafts, counts, bonus, check, par, i,
+                                       out_tokens, out_accepted, out_emitted, out_counts))
+    return error
+
+
+@numba.njit(parallel=True, **JIT)
+def _greedy_parallel(target, is_logits, drafts, counts, bonus, check, threads, out_tokens,
+                     out_accepted, out_emitted, out_counts):
+    flags = np.zeros(drafts.shape[0], dtype=np.int64)
+    for i in numba.prange(drafts.shape[0]):
+        flags[i] = _greedy_one(target, is_logits, drafts, counts, bonus, check, False, i,
+                               out_tokens, out_accepted, out_emitted, out_counts)
+    return flags.max() if flags.shape[0] > 0 else ERROR_NONE
+
+
+@numba.njit(**JIT)
+def greedy(target, is_logits, drafts, counts, bonus, check, threads, out_tokens,
            out_accepted, out_emitted, out_counts):
     """:func:`decide` for a padded call whose every row is greedy (fewer arguments: a
-    compiled call costs ~50 ns per argument to enter)."""
-    return _greedy_all(target, is_logits, drafts, counts, argmax_rows, bonus, check,
-                       out_tokens, out_accepted, out_emitted, out_counts)
+    compiled call costs ~50 ns per argument to enter). With ``threads > 1``: requests in
+    parallel, or each row's blocks in parallel when requests are fewer than threads."""
+    if threads > 1 and drafts.shape[0] >= threads:
+        return _greedy_parallel(target, is_logits, drafts, counts, bonus, check, threads,
+                                out_tokens, out_accepted, out_emitted, out_counts)
+    return _greedy_serial(target, is_logits, drafts, counts, bonus, check, threads > 1,
+                          out_tokens, out_accepted, out_emitted, out_counts)
 
 
 @intrinsic
@@ -298,199 +357,249 @@ def _pointer(typingctx, address, dtype):
 @numba.njit(**JIT)
 def greedy_at(target_address, rows, v_size, is_logits, drafts_address, b, k, counts, bonus,
               check, out_tokens, out_accepted, out_emitted, out_counts):
-    """:func:`greedy` on contiguous torch tensors given by address: making their numpy views
-    costs more (~0.7 us each) than a small call's whole decision."""
+    """:func:`greedy` (one thread: small calls) on contiguous torch tensors given by address:
+    making their numpy views costs more (~0.7 us each) than a small call's whole decision."""
     target = numba.carray(_pointer(target_address, np.float32), (rows, v_size))
     drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
-    return _greedy_all(target, is_logits, drafts, counts, EMPTY_ARGMAX, bonus, check,
-                       out_tokens, out_accepted, out_emitted, out_counts)
+    return _greedy_serial(target, is_logits, drafts, counts, bonus, check, False, out_tokens,
+                          out_accepted, out_emitted, out_counts)
+
+
+@numba.njit(inline="always", **JIT)
+def _request_key(seed, offset):
+    """core/rng.request_keys for one request (int64 seed and offset)."""
+    s = np.uint64(seed)
+    o = np.uint64(offset)
+    k = _mix32(((s >> np.uint64(32)) & MASK32) ^ SEED_SALT)
+    k = _mix32((s & MASK32) ^ k)
+    k = _mix32(((o >> np.uint64(32)) & MASK32) ^ k)
+    return _mix32((o & MASK32) ^ k)
+
+
+@numba.njit(inline="always", **JIT)
+def _key_of(o, seeds, offsets, explicit_u, i):
+    """Request ``i``'s counter-hash key (unused when the caller gave uniforms)."""
+    if explicit_u.shape[0] > 0:
+        return np.uint64(0)
+    seed = seeds[i] if o.seed_mode == 1 else row_seed(o.seed_scalar, i)
+    return _request_key(seed, o.offset_scalar if offsets.shape[0] == 0 else offsets[i])
+
+
+@numba.njit(inline="always", **JIT)
+def _u(explicit_u, key, i, counter_index, counter):
+    return explicit_u[i, counter_index] if explicit_u.shape[0] > 0 else _uniform(key, counter)
+
+
+@numba.njit(inline="always", **JIT)
+def _softmax_row(row, tf, scratch, typical, check, par):
+    """Exponentials of a logits row into ``scratch``: ``(sum, entropy, bad)``; ``par``: the
+    row's blocks in parallel (bit-identical)."""
+    m, has_nan = row_max_par(row) if par else row_max(row)
+    bad = check and _bad_logit_max(m, has_nan)
+    if typical:
+        s, d = exp_sum_dot_par(row, m, tf, scratch) if par else exp_sum_dot(row, m, tf, scratch)
+        return s, math.log(s) - d / s, bad
+    s = exp_sum_par(row, m, tf, scratch) if par else exp_sum(row, m, tf, scratch)
+    return s, 0.0, bad
 
 
 @numba.njit(**JIT)
-def decide_at(target_address, n_rows, v_size, is_logits, rows, drafts_address, b, k, counts, q,
-              qrows, temps, temp_scalar, all_greedy, typical, eps, alpha, explicit_u, seeds,
-              seed_scalar, seed_mode, offsets, offset_scalar, bonus, check, atol, q_atol,
-              out_tokens, out_accepted, out_emitted, out_counts):
-    """:func:`decide` on contiguous torch tensors given by address (see :func:`greedy_at`)."""
-    target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
-    drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
-    return decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar,
-                  all_greedy, typical, eps, alpha, explicit_u, seeds, seed_scalar, seed_mode,
-                  offsets, offset_scalar, EMPTY_ARGMAX, bonus, check, atol, q_atol, out_tokens,
-                  out_accepted, out_emitted, out_counts)
+def accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n, tf, key, scratch):
+    """The first half of ``numpy_ref.verify_one`` for a sampled request: ``(accepted, s,
+    error)``, the length of the accepted prefix of its ``n`` drafts and, for logits, the sum
+    of the exponentials of the last row read (they stay in ``scratch``)."""
+    k = drafts.shape[1]
+    v_size = target.shape[1]
+    error = ERROR_NONE
+    s = 1.0
+    for j in range(n):
+        row = target[_target_row(rows, i, j, k, target.shape[0])]
+        x = drafts[i, j]
+        in_vocab = x >= 0 and x < v_size
+        xc = min(max(x, 0), v_size - 1)
+        if o.is_logits:
+            s, h, bad = _softmax_row(row, tf, scratch, o.typical, o.check, o.vocab_parallel)
+            error = _flag(error, bad)
+            px = np.float32(np.float32(scratch[xc]) / np.float32(s))
+        else:
+            px = row[xc]
+            error = _flag(error, o.check and _bad_prob(px))
+            h = 0.0
+            if o.typical:  # 0 log 0 = 0; NaN and negative entries are only flagged
+                h, finite = entropy_par(row) if o.vocab_parallel else entropy(row)
+                error = _flag(error, o.check and not finite)
+        px = px if in_vocab else np.float32(0.0)
+        if o.typical:
+            ok = in_vocab and px > min(o.eps, o.alpha * math.exp(-h))
+        else:
+            qx = np.float32(1.0)
+            if q.shape[0] > 0:
+                qx = q[_draft_row(qrows, i, j, k, q.shape[0]), xc]
+                error = _flag(error, o.check and _bad_prob(qx))
+            ok = px > 0 and np.float32(_u(explicit_u, key, i, j, 2 * j)) * qx <= px
+        if not ok:
+            return j, s, error
+    return n, s, error
 
 
 @numba.njit(**JIT)
-def decide(target, is_logits, rows, drafts, counts, q, qrows, temps, temp_scalar, all_greedy,
-           typical, eps, alpha, explicit_u, seeds, seed_scalar, seed_mode, offsets,
-           offset_scalar, argmax_rows, bonus, check, atol, q_atol,
-           out_tokens, out_accepted, out_emitted, out_counts):
-    """Fill ``out_*`` for every request; return ``ERROR_VALUE`` when ``check`` is set and a
-    value the decision reads is invalid (docs/semantics.md, Validation), else ``ERROR_NONE``.
+def _residual_token(p, s, qrow, x, v, o, scratch_residual):
+    """After a rejection of draft ``x``: a draw from ``max(p - q, 0)`` (``q`` one-hot at ``x``
+    without draft probabilities), from ``p`` when that is empty. ``(token, error)``."""
+    error = ERROR_NONE
+    in_vocab = x >= 0 and x < p.shape[0]
+    if qrow.shape[0] > 0:
+        if o.check and not o.is_logits:  # both rows checked on the residual's pass
+            bad_p, total_p, bad_q, total_q = residual_stats(p, qrow, scratch_residual)
+            error = _flag(error, bad_p or bad_q or not abs(total_p - 1) <= o.atol
+                          or not abs(total_q - 1) <= o.q_atol)
+        else:
+            error = _flag(error, o.check and _not_a_distribution(qrow, o.q_atol))
+            residual(p, s if o.is_logits else 1.0, qrow, scratch_residual)
+        token, total = draw(scratch_residual, v, o.vocab_parallel)
+        return (token if total > 0 else draw(p, v, o.vocab_parallel)[0]), error
+    error = _flag(error, o.check and not o.is_logits and _not_a_distribution(p, o.atol))
+    scratch_residual[:] = p
+    if in_vocab:
+        scratch_residual[x] = 0.0
+    token, total = draw(scratch_residual, v, o.vocab_parallel)
+    if not total > 0:
+        token = x if in_vocab else draw(p, v, o.vocab_parallel)[0]
+    return token, error
+
+
+@numba.njit(**JIT)
+def final_token(target, rows, drafts, q, qrows, explicit_u, o, i, accepted, n, s, tf, key,
+                scratch, scratch_residual):
+    """The second half of ``numpy_ref.verify_one`` for a sampled request: the token after
+    ``accepted`` drafts (typical: the argmax after a rejection; rejection sampling: a draw
+    from the residual; all accepted: a draw from the bonus row). ``(token, error)``."""
+    k = drafts.shape[1]
+    rejected = accepted < n
+    v = _u(explicit_u, key, i, k, DRAW_COUNTER)
+    row = target[_target_row(rows, i, accepted, k, target.shape[0])]
+    error = ERROR_NONE
+    p = row  # probabilities: checked as a distribution on the pass that draws from it
+    if o.is_logits:
+        if not rejected:  # a rejected row's exponentials and sum are still in scratch and s
+            s, _, bad = _softmax_row(row, tf, scratch, False, o.check, o.vocab_parallel)
+            error = _flag(error, bad)
+        p = scratch
+    par = o.vocab_parallel
+    if o.typical and rejected:  # for logits the first exponential equal to exp(0) = 1
+        return (row_argmax_par(p) if par else row_argmax(p)), error
+    if not rejected:
+        if o.check and not o.is_logits:
+            token, bad = draw_checked(p, v, o.atol, par)
+            return token, _flag(error, bad)
+        return draw(p, v, par)[0], error
+    qrow = scratch_residual[:0]  # no draft probabilities
+    if q.shape[0] > 0:
+        qrow = q[_draft_row(qrows, i, accepted, k, q.shape[0])]
+    token, bad = _residual_token(p, s, qrow, drafts[i, accepted], v, o, scratch_residual)
+    return token, max(error, bad)
+
+
+@numba.njit(**JIT)
+def _one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets, bonus,
+         options, i, scratch, scratch_residual, out_tokens, out_accepted, out_emitted,
+         out_counts):
+    """Request ``i`` from its count to its emission (written once); returns its flag."""
+    o = options[0]
+    v_size = target.shape[1]
+    n, n_raw, out_counts[i], bad = _count(counts, drafts, i, o.check)
+    t = o.temp_scalar if temps.shape[0] == 0 else np.float64(temps[i])
+    error = _flag(ERROR_NONE, o.check and (bad or _bad_request(
+        drafts, bonus, explicit_u, i, n, t, v_size, o.is_logits)))
+    caller_bonus = bonus.shape[0] > 0
+    if o.all_greedy or t == 0:
+        accepted, final, bad = _greedy_request(target, rows, drafts, i, n, o.is_logits, o.check,
+                                               o.vocab_parallel)
+        error = _flag(error, bad)
+    else:
+        tf = np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
+        key = _key_of(o, seeds, offsets, explicit_u, i)
+        accepted, s, bad = accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n,
+                                         tf, key, scratch)
+        error = max(error, bad)
+        final = 0
+        if not (caller_bonus and accepted == n_raw):  # else the caller's draw replaces ours
+            final, bad = final_token(target, rows, drafts, q, qrows, explicit_u, o, i,
+                                     accepted, n, s, tf, key, scratch, scratch_residual)
+            error = max(error, bad)
+    if caller_bonus and accepted == n_raw:
+        final = bonus[i]
+    out_accepted[i] = accepted
+    out_emitted[i] = accepted + 1
+    _emit(out_tokens, drafts, i, accepted, final)
+    return error
+
+
+@numba.njit(**JIT)
+def _decide_serial(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets,
+                   bonus, options, out_tokens, out_accepted, out_emitted, out_counts):
+    v_size = target.shape[1]
+    scratch = np.empty(v_size, dtype=np.float32)
+    scratch_residual = np.empty(v_size, dtype=np.float32)
+    error = ERROR_NONE
+    for i in range(drafts.shape[0]):
+        error = max(error, _one(target, rows, drafts, counts, q, qrows, temps, explicit_u,
+                                seeds, offsets, bonus, options, i, scratch, scratch_residual,
+                                out_tokens, out_accepted, out_emitted, out_counts))
+    return error
+
+
+@numba.njit(parallel=True, **JIT)
+def _decide_parallel(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds,
+                     offsets, bonus, options, out_tokens, out_accepted, out_emitted,
+                     out_counts):
+    """Requests in parallel, in ``threads * 4`` chunks of consecutive requests (each with
+    its own scratch rows; the caller has set numba's thread count). A request's result
+    depends on nothing but its own inputs, so the split and the thread count cannot change
+    it."""
+    threads = options[0].threads
+    b = drafts.shape[0]
+    v_size = target.shape[1]
+    n_chunks = min(b, 4 * threads)
+    flags = np.zeros(max(n_chunks, 1), dtype=np.int64)
+    for c in numba.prange(n_chunks):
+        scratch = np.empty(v_size, dtype=np.float32)
+        scratch_residual = np.empty(v_size, dtype=np.float32)
+        for i in range(c * b // n_chunks, (c + 1) * b // n_chunks):
+            flags[c] = max(flags[c], _one(target, rows, drafts, counts, q, qrows, temps,
+                                          explicit_u, seeds, offsets, bonus, options, i, scratch,
+                                          scratch_residual, out_tokens, out_accepted,
+                                          out_emitted, out_counts))
+    return flags.max()
+
+
+@numba.njit(**JIT)
+def decide(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets, bonus,
+           options, out_tokens, out_accepted, out_emitted, out_counts):
+    """Fill ``out_*`` for every request; return ``ERROR_VALUE`` when ``options.check`` is set
+    and a value the decision reads is invalid (docs/semantics.md, Validation).
 
     ``rows`` / ``qrows`` empty: the padded layout (request ``i``, position ``j`` is row
     ``i*(K+1) + min(j, n_i)`` / ``i*K + j``). ``counts`` empty: every request has ``K`` drafts.
     ``temps`` empty: every request has ``temp_scalar``. Uniforms: ``explicit_u`` if not empty,
-    else derived from a per-request seed (``seed_mode`` 1: ``seeds``; 2: from ``seed_scalar`` and
-    the request index) and offset (``offsets``, or ``offset_scalar`` when empty).
-    ``argmax_rows`` (empty: computed here): the argmax of every target row, for greedy rows.
-    ``bonus`` (empty: drawn here): the caller's token for a request that accepted every draft.
+    else the counter hash of a per-request seed and offset (:data:`OPTIONS`). ``bonus`` (empty:
+    drawn here): the caller's token for a request that accepted every draft.
     """
-    b, k = drafts.shape
-    v_size = target.shape[1]
-    error = ERROR_NONE
-    padded = rows.shape[0] == 0
-    n_rows = target.shape[0]
-    has_q = q.shape[0] > 0
-    scratch = np.empty(v_size, dtype=np.float32)
-    scratch_residual = np.empty(v_size, dtype=np.float32)
-    for i in range(b):
-        n, n_raw, out_counts[i], bad = _count(counts, drafts, i, check)
-        t = temp_scalar if temps.shape[0] == 0 else np.float64(temps[i])
-        if check and (bad or _bad_ids(drafts, bonus, i, n, v_size) or not (t >= 0 and t < np.inf)
-                      or (not is_logits and t != 0 and t != 1)):
-            error = ERROR_VALUE
-        if check and explicit_u.shape[0] > 0:
-            for j in range(k + 1):
-                if not (explicit_u[i, j] > 0 and explicit_u[i, j] <= 1):
-                    error = ERROR_VALUE
-        use_bonus = bonus.shape[0] > 0
-        greedy = all_greedy or t == 0
-        accepted = n
-        final = 0
-        if greedy:
-            accepted, final, bad = _greedy_request(target, rows, drafts, argmax_rows, i, n,
-                                                   is_logits, check)
-            if bad:
-                error = ERROR_VALUE
-        else:
-            tf = np.float32(min(max(t, 1.1754943508222875e-38), 3.4028234663852886e38))
-            if explicit_u.shape[0] > 0:
-                key = np.uint64(0)
-            else:
-                seed = seeds[i] if seed_mode == 1 else row_seed(seed_scalar, i)
-                key = _request_key(seed, offset_scalar if offsets.shape[0] == 0 else offsets[i])
-            s = 1.0
-            for j in range(n):
-                r = (i * (k + 1) + j) if padded else _clamp(rows[i, j], n_rows)
-                row = target[r]
-                x = drafts[i, j]
-                in_vocab = x >= 0 and x < v_size
-                xc = min(max(x, 0), v_size - 1)
-                if is_logits:
-                    m, has_nan = row_max(row)
-                    if check and (has_nan or not (m > -np.inf and m < np.inf)):
-                        error = ERROR_VALUE
-                    if typical:
-                        s, d = exp_sum_dot(row, m, tf, scratch)
-                        entropy = math.log(s) - d / s
-                    else:
-                        s = exp_sum(row, m, tf, scratch)
-                        entropy = 0.0
-                    px = np.float32(np.float32(scratch[xc]) / np.float32(s))
-                else:
-                    px = row[xc]
-                    if check and _bad_prob(px):
-                        error = ERROR_VALUE
-                    entropy = 0.0
-                    if typical:  # 0 log 0 = 0; NaN and negative entries are only flagged
-                        finite = True
-                        for c in range(v_size):
-                            pc = np.float64(row[c])
-                            if pc > 0:
-                                entropy -= pc * math.log(pc)
-                            elif pc != 0:
-                                finite = False
-                        if check and not (finite and abs(entropy) < np.inf):
-                            error = ERROR_VALUE
-                if not in_vocab:
-                    px = np.float32(0.0)
-                if typical:
-                    ok = in_vocab and px > min(eps, alpha * math.exp(-entropy))
-                else:
-                    u = explicit_u[i, j] if explicit_u.shape[0] > 0 else _uniform(key, 2 * j)
-                    qx = np.float32(1.0)
-                    if has_q:
-                        qr = (i * k + j) if padded else _clamp(qrows[i, j], q.shape[0])
-                        qx = q[qr, xc]
-                        if check and _bad_prob(qx):
-                            error = ERROR_VALUE
-                    ok = px > 0 and np.float32(u) * qx <= px
-                if not ok:
-                    accepted = j
-                    break
-            rejected = accepted < n
-            if use_bonus and accepted == n_raw:
-                final = bonus[i]  # the caller's own draw replaces ours: the row is not read
-                out_accepted[i] = accepted
-                out_emitted[i] = accepted + 1
-                _emit(out_tokens, drafts, i, accepted, final)
-                continue
-            v = explicit_u[i, k] if explicit_u.shape[0] > 0 else _uniform(key, DRAW_COUNTER)
-            r = (i * (k + 1) + accepted) if padded else _clamp(rows[i, accepted], n_rows)
-            row = target[r]
-            if is_logits:
-                if not rejected:  # a rejected row's exp and sum are still in scratch and s
-                    m, has_nan = row_max(row)
-                    if check and (has_nan or not (m > -np.inf and m < np.inf)):
-                        error = ERROR_VALUE
-                    s = exp_sum(row, m, tf, scratch)
-                p = scratch
-            else:
-                p = row  # checked as a distribution on the pass that draws from it (below)
-            if typical and rejected:
-                # argmax p: for logits the first exponential equal to exp(0) = 1
-                final = _first_at_least(p, np.float32(1.0)) if is_logits else _argmax(p)
-            elif not rejected:
-                if check and not is_logits:
-                    final, bad = draw_checked(p, v, atol)
-                    if bad:
-                        error = ERROR_VALUE
-                else:
-                    final = draw(p, v)[0]
-            else:
-                x = drafts[i, accepted]
-                in_vocab = x >= 0 and x < v_size
-                if has_q:
-                    qr = (i * k + accepted) if padded else _clamp(qrows[i, accepted], q.shape[0])
-                    qrow = q[qr]
-                    if check and not is_logits:  # both rows checked on the residual's pass
-                        bad_p, total_p, bad_q, total_q = residual_stats(p, qrow,
-                                                                        scratch_residual)
-                        if (bad_p or bad_q or not abs(total_p - 1) <= atol
-                                or not abs(total_q - 1) <= q_atol):
-                            error = ERROR_VALUE
-                    else:
-                        if check and _not_a_distribution(qrow, q_atol):
-                            error = ERROR_VALUE
-                        residual(p, s if is_logits else 1.0, qrow, scratch_residual)
-                    final, total = draw(scratch_residual, v)
-                    if not total > 0:
-                        final = draw(p, v)[0]
-                else:
-                    if check and not is_logits and _not_a_distribution(p, atol):
-                        error = ERROR_VALUE
-                    scratch_residual[:] = p
-                    if in_vocab:
-                        scratch_residual[x] = 0.0
-                    final, total = draw(scratch_residual, v)
-                    if not total > 0:
-                        final = x if in_vocab else draw(p, v)[0]
-        if use_bonus and accepted == n_raw:
-            final = bonus[i]
-        out_accepted[i] = accepted
-        out_emitted[i] = accepted + 1
-        _emit(out_tokens, drafts, i, accepted, final)
-    return error
+    if options[0].threads > 1 and not options[0].vocab_parallel:
+        return _decide_parallel(target, rows, drafts, counts, q, qrows, temps, explicit_u,
+                                seeds, offsets, bonus, options, out_tokens, out_accepted,
+                                out_emitted, out_counts)
+    return _decide_serial(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds,
+                          offsets, bonus, options, out_tokens, out_accepted, out_emitted,
+                          out_counts)
 
 
-@numba.njit(inline="always", **JIT)
-def _emit(out_tokens, drafts, i, accepted, final):
-    """Row ``i``: the accepted drafts, the final token, then placeholders (-1)."""
-    for j in range(out_tokens.shape[1]):
-        if j < accepted:
-            out_tokens[i, j] = drafts[i, j]
-        elif j == accepted:
-            out_tokens[i, j] = final
-        else:
-            out_tokens[i, j] = -1
+@numba.njit(**JIT)
+def decide_at(target_address, n_rows, v_size, rows, drafts_address, b, k, counts, q, qrows,
+              temps, explicit_u, seeds, offsets, bonus, options, out_tokens, out_accepted,
+              out_emitted, out_counts):
+    """:func:`decide` on contiguous torch tensors given by address (see :func:`greedy_at`)."""
+    target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
+    drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
+    return decide(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets,
+                  bonus, options, out_tokens, out_accepted, out_emitted, out_counts)

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-PROB_SUM_ATOL = 1e-3
-PROB_SUM_ATOL_HALF = 1e-2
+from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
+
 _HALF = (torch.float16, torch.bfloat16)
 
 
