@@ -46,7 +46,7 @@ BY_ADDRESS_MAX = 4096
 
 PARALLEL_MIN_VALUES = 1 << 18
 """Target values below which a call runs on one thread: under it, starting the threads costs
-more than they save (measured crossover: docs/benchmarks.md, bench/threads_crossover.py)."""
+more than they save (measured crossover: docs/benchmarks.md, scripts/bench/threads_crossover.py)."""
 
 ENV_THREADS = "PORTABLE_VERIFY_NUM_THREADS"
 

@@ -2,7 +2,7 @@
 floor of the rows the numpy reference reads, and against a torch contender written from
 SGLang's published target-only rule.
 
-Run (CPU, float32, one thread):  python bench/tree_cells.py [--quick] [--reps 5]
+Run (CPU, float32, one thread):  python scripts/bench/tree_cells.py [--quick] [--reps 5]
 
 Each cell (B, N, V) is a random tree per request (each node's parent is the previous node with
 probability 1/2, else uniform over the earlier nodes, so paths run a few levels deep) whose

@@ -5,7 +5,7 @@ For each (B, K, V) and method: `verify` on `numba:cpu` and `torch:cpu`, and a ba
 repetition, in turn), wall-clock medians with the spread (min-max) across repetitions.
 Drafts equal the target row's argmax with probability 0.6 per position.
 Also typical from probabilities against an engine-style pass, and the one-thread crossover.
-Run: `python bench/threads.py [--threads 1,2] [--reps 7] [--shapes 64x4x128256,256x3x32000]
+Run: `python scripts/bench/threads.py [--threads 1,2] [--reps 7] [--shapes 64x4x128256,256x3x32000]
 [--part grid,typical,crossover]`.
 """
 

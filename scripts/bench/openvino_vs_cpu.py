@@ -7,7 +7,7 @@ and with each library's default threading. On a shared machine the wall medians 
 preemption (a call that outlives its time slice waits for the next one); the CPU-time ratio is
 the stable figure there. Usage::
 
-    python bench/openvino_vs_cpu.py [--reps 40] [--shape 32 4 32000] [--methods greedy ...]
+    python scripts/bench/openvino_vs_cpu.py [--reps 40] [--shape 32 4 32000] [--methods greedy ...]
                                     [--configs]
 """
 

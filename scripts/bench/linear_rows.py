@@ -3,7 +3,7 @@
 Why: speculative decoding pays off only if scoring ``k+1`` tokens costs little more than one;
 this measures that property for the runtime's matmul alone (docs/e2e.md quotes it).
 
-    python bench/linear_rows.py [--threads 1] [--shape OUT,IN ...]
+    python scripts/bench/linear_rows.py [--threads 1] [--shape OUT,IN ...]
 
 Both contenders run interleaved through the benchmark harness (medians with min/max), float32,
 the OpenVINO model compiled with an explicit f32 inference precision.

@@ -7,7 +7,7 @@ package name (a copy of its ``portable_verify/`` renamed ``portable_verify_old``
     git worktree add /tmp/old 5aed259
     mkdir -p /tmp/oldpkg && cp -r /tmp/old/portable_verify /tmp/oldpkg/portable_verify_old
     find /tmp/oldpkg -name '*.py' -exec sed -i 's/portable_verify\\b/portable_verify_old/g' {} +
-    PYTHONPATH=/tmp/oldpkg python bench/against_commit.py --threads 1 [--quick]
+    PYTHONPATH=/tmp/oldpkg python scripts/bench/against_commit.py --threads 1 [--quick]
 
 Each cell alternates the two versions call by call (ABAB...) and reports the median ratio
 new/old with the 25-75% spread of the per-round ratios, beside the fixed-cost ratios to a bare

@@ -11,7 +11,7 @@ arguments to ``generate()`` are ignored for those, so they are set there.
 
 Usage (main environment)::
 
-    python bench/e2e_peers/hf_assisted.py TARGET_DIR DRAFT_DIR [--k 3] [--max-new-tokens 48]
+    python scripts/bench/e2e_peers/hf_assisted.py TARGET_DIR DRAFT_DIR [--k 3] [--max-new-tokens 48]
         [--prompts 3] [--prompt-set chat] [--rounds 1] [--threads 1] [--clock cpu]
         [--schedule constant] [--json OUT]
 """

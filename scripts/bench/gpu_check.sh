@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # One prepared command for a machine with an NVIDIA GPU and preinstalled torch + triton:
-#   bash bench/gpu_check.sh OUT_DIR
+#   bash scripts/bench/gpu_check.sh OUT_DIR
 # A thin wrapper of `portable-verify gpu-check` (see its --help) with the repository on
 # PYTHONPATH (no install needed), a private Triton cache and a hard time limit. Leaves
 # gpu_check.json, machine.txt and the logs in OUT_DIR.
 set -uo pipefail
-OUT="${1:?usage: bench/gpu_check.sh OUT_DIR}"
+OUT="${1:?usage: scripts/bench/gpu_check.sh OUT_DIR}"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 mkdir -p "$OUT"
 OUT="$(cd "$OUT" && pwd)"

@@ -4,7 +4,7 @@ Why: speculative decoding scores ``k+1`` tokens per target forward; it can only 
 forward costs little more than a one-token forward. This measures it for the e2e default model
 (SmolLM2-135M, float32) in both runtimes, after a 100-token prefill, as docs/e2e.md quotes.
 
-    python bench/forward_rows.py [--threads 1] [--repetitions 12]
+    python scripts/bench/forward_rows.py [--threads 1] [--repetitions 12]
 
 Times are the process's CPU time (one thread: the time waiting for a core on a shared machine is
 left out) and wall time; medians over repetitions, contenders interleaved.

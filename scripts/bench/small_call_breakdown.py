@@ -1,6 +1,6 @@
 """Where a small CPU call's time goes: each part of a greedy `verify` at (B, K, V) = (1, 2, 64)
 as a multiple of a bare `torch.argmax` on the same logits, timed side by side (interleaved
-repetitions, thread CPU time, one thread). Run: `python bench/small_call_breakdown.py`.
+repetitions, thread CPU time, one thread). Run: `python scripts/bench/small_call_breakdown.py`.
 Needs numba (the `numba:cpu` backend); docs/benchmarks.md quotes its output."""
 
 from __future__ import annotations
