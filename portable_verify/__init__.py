@@ -22,6 +22,7 @@ from portable_verify.dispatch import (
     register_backend,
     unregister_backend,
 )
+from portable_verify.warmup import warm_up
 
 __all__ = [
     "INVALID_DRAFT_TOKEN_ID",
@@ -39,5 +40,6 @@ __all__ = [
     "unregister_backend",
     "verify",
     "verify_ragged",
+    "warm_up",
 ]
 __version__ = "0.1.0"

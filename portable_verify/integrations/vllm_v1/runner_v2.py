@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from portable_verify.api.call import CallLayout, CallOptions, decide
+from portable_verify.core.types import DEFAULT_TYPICAL, TypicalParams
 
 logger = logging.getLogger("vllm.plugins.portable_verify")
 
@@ -37,6 +38,8 @@ def verify_v2_step(
     seed: torch.Tensor,
     num_speculative_steps: int,
     backend: str = "auto",
+    method: str = "rejection",
+    typical: TypicalParams = DEFAULT_TYPICAL,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The V2 runner's ``rejection_sample`` contract: int64 ``[B, steps+1]``, int32 ``[B]``.
 
@@ -44,7 +47,8 @@ def verify_v2_step(
     after input ``draft_sampled[cu[i]+j]``, so its draft is ``draft_sampled[cu[i]+j+1]`` (``-1``
     = placeholder, no proposal). The logits arrive tempered; ``temperature`` (indexed by request
     state) only marks greedy rows. Randomness: the request's ``seed`` with the position of its
-    first row as ``seed_offset``, counter-based like vLLM's own V2 kernel.
+    first row as ``seed_offset``, counter-based like vLLM's own V2 kernel. ``method`` and
+    ``typical``: the sampled rows' rule and its options, as in the V1 seam.
     """
     k = num_speculative_steps
     device = processed_logits.device
@@ -64,7 +68,7 @@ def verify_v2_step(
     temps = torch.where(temperature[state] == 0, 0.0, 1.0).to(torch.float32)
     options = CallOptions(temperature=temps, seed=seed[state].to(torch.int64),
                           seed_offset=pos[first.clamp(max=last_row)].to(torch.int64),
-                          backend=backend, validate=False)
+                          method=method, typical=typical, backend=backend, validate=False)
     result = decide(layout, options, return_numpy=False)
     return result.token_ids, result.num_emitted.to(torch.int32)
 
@@ -82,7 +86,8 @@ def _handback_reason(sampler: Any, draft_logits: torch.Tensor | None) -> str | N
     return None
 
 
-def make_v2_rejection_sampler(base: type, backend: str) -> type:
+def make_v2_rejection_sampler(base: type, backend: str, method: str = "rejection",
+                              typical: TypicalParams = DEFAULT_TYPICAL) -> type:
     """A subclass of vLLM's V2 ``RejectionSampler`` whose verification is portable_verify's."""
 
     class PortableVerifyRejectionSampler(base):  # type: ignore[misc, valid-type]
@@ -111,13 +116,14 @@ def make_v2_rejection_sampler(base: type, backend: str) -> type:
             sampled, num_sampled = verify_v2_step(
                 processed, verify_draft_sampled, cu_num_logits, pos, idx_mapping,
                 states.temperature.gpu, states.seeds.gpu, self.num_speculative_steps,
-                backend)
+                backend, method, typical)
             return processed, sampled, num_sampled
 
     return PortableVerifyRejectionSampler
 
 
-def install_v2_hook(backend: str) -> bool:
+def install_v2_hook(backend: str, method: str = "rejection",
+                    typical: TypicalParams = DEFAULT_TYPICAL) -> bool:
     """Wrap ``ModelState.custom_sampler``; False (logged) where the V2 runner is not importable."""
     import importlib
 
@@ -131,7 +137,8 @@ def install_v2_hook(backend: str) -> bool:
     original = model_state.custom_sampler
     if getattr(original, "portable_verify", False):
         return True
-    sampler_class = make_v2_rejection_sampler(samplers.RejectionSampler, backend)
+    sampler_class = make_v2_rejection_sampler(samplers.RejectionSampler, backend, method,
+                                              typical)
 
     def custom_sampler(self: Any, sampler: Any) -> tuple[Any, Any] | None:
         custom = original(self, sampler)

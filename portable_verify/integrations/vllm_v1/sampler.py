@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from portable_verify.api.call import CallLayout, CallOptions, decide
-from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
+from portable_verify.core.types import DEFAULT_TYPICAL, PLACEHOLDER_TOKEN_ID, TypicalParams
 from portable_verify.integrations.generator_seeds import seeds_from_generators
 
 logger = logging.getLogger("vllm.plugins.portable_verify")
@@ -45,6 +45,9 @@ def verify_spec_decode_step(
     all_random: bool,
     generators: Mapping[int, torch.Generator] | None,
     backend: str = "auto",
+    method: str = "rejection",
+    typical: TypicalParams = DEFAULT_TYPICAL,
+    unseeded: torch.Generator | None = None,
 ) -> torch.Tensor:
     """One vLLM v1 verification step decided by portable_verify: int32 ``[B, max_spec_len+1]``.
 
@@ -53,6 +56,9 @@ def verify_spec_decode_step(
     (greedy rows): the logits arrive already tempered. Seeded requests (``generators``) with
     drafts this step draw one seed each from their generator; requests without drafts never
     touch theirs, as in vLLM, so a request's stream does not depend on its neighbours.
+    ``method`` is the rule of the sampled rows (``rejection``, ``typical``, ``block``; greedy
+    rows are always greedy), ``typical`` its options; unseeded rows draw their seeds from
+    ``unseeded`` (torch's global generator if None).
     """
     b = len(num_draft_tokens)
     n = draft_token_ids.shape[0]
@@ -87,27 +93,42 @@ def verify_spec_decode_step(
                               validate=False)
     else:
         skip = frozenset(i for i, m in enumerate(num_draft_tokens) if m == 0)
-        seeds = seeds_from_generators(generators, b, device, skip_rows=skip, check=False)
+        seeds = seeds_from_generators(generators, b, device, skip_rows=skip, check=False,
+                                      fallback=unseeded)
         temps: float | torch.Tensor = 1.0
         if not all_random:
             assert temperature is not None, "vLLM gives per-request temperatures when mixed"
             temps = torch.where(temperature[:b] == 0, 0.0, 1.0).to(torch.float32)
-        options = CallOptions(temperature=temps, seed=seeds, bonus_token_ids=bonus,
-                              backend=backend, validate=False)
+        options = CallOptions(method=method, temperature=temps, seed=seeds, typical=typical,
+                              bonus_token_ids=bonus, backend=backend, validate=False)
     result = decide(layout, options, return_numpy=False)
     return result.token_ids.to(torch.int32)
 
 
 def make_rejection_sample(
-    vllm_rejection_sample: RejectionSampleFn | None, backend: str = "auto"
+    vllm_rejection_sample: RejectionSampleFn | None, backend: str = "auto",
+    method: str = "rejection", typical: TypicalParams = DEFAULT_TYPICAL,
 ) -> RejectionSampleFn:
     """A drop-in for ``vllm.v1.sample.rejection_sampler.rejection_sample``.
 
     Synthetic acceptance (a benchmarking mode that accepts drafts with fixed per-position
     rates, ignoring the target) is handed back to ``vllm_rejection_sample`` with a logged
     reason: it is not verification, and vLLM's own version is the definition.
+
+    Unseeded requests draw their seeds from a generator of this function's own, seeded on the
+    first call from ``torch.initial_seed()`` (vLLM seeds every worker with the engine's
+    ``seed``) and advanced only here: the tensor-parallel ranks, which run the same steps,
+    then agree on every unseeded draw whatever else consumes torch's global generator.
     """
     told = False
+    unseeded: dict[torch.device, torch.Generator] = {}
+
+    def rank_shared_generator(device: torch.device) -> torch.Generator:
+        gen = unseeded.get(device)
+        if gen is None:
+            gen = unseeded[device] = torch.Generator(device=device)
+            gen.manual_seed(torch.initial_seed())
+        return gen
 
     def rejection_sample(
         draft_token_ids: torch.Tensor,
@@ -148,6 +169,9 @@ def make_rejection_sample(
                 all_random=sampling_metadata.all_random,
                 generators=sampling_metadata.generators,
                 backend=backend,
+                method=method,
+                typical=typical,
+                unseeded=rank_shared_generator(target_logits.device),
             )
         # Host time per call (on accelerators: launch time), for serve-check's report.
         rejection_sample.seconds += time.perf_counter() - start  # type: ignore[attr-defined]
