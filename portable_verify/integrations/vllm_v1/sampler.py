@@ -145,6 +145,7 @@ def make_rejection_sample(
     ) -> torch.Tensor:
         nonlocal told
         rejection_sample.calls += 1  # type: ignore[attr-defined]
+        rejection_sample.calls_with_draft_probs += draft_probs is not None  # type: ignore
         start = time.perf_counter()
         if synthetic_mode:
             if vllm_rejection_sample is None:
@@ -178,6 +179,8 @@ def make_rejection_sample(
         return out
 
     # Markers for the plugin (install once), tests and serve-check (was it really used?).
+    rejection_sample.calls_with_draft_probs = 0  # type: ignore[attr-defined]
+    rejection_sample.method = method  # type: ignore[attr-defined]
     return _counted(rejection_sample, vllm_rejection_sample, portable_verify=True)
 
 
