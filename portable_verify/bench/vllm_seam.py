@@ -13,6 +13,7 @@ token's entry raised, so the draft favours what it proposed.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 import types
@@ -107,6 +108,7 @@ def measure(threads: int = 1, min_reps: int = 7, budget_s: float = 1.5,
     ours = make_rejection_sample(theirs)
     typical = make_rejection_sample(theirs, method="typical")
     previous = _set_threads(threads)
+    load_before = os.getloadavg()
     cells: list[dict[str, Any]] = []
     try:
         for b, k, v in shapes:
@@ -139,4 +141,5 @@ def measure(threads: int = 1, min_reps: int = 7, budget_s: float = 1.5,
 
             numba.set_num_threads(previous[1])
     return {"threads": threads, "draft_hit_probability": DRAFT_HIT, "cells": cells,
-            "typical": typical_cell}
+            "typical": typical_cell,
+            "load_average_1min": {"before": load_before[0], "after": os.getloadavg()[0]}}
