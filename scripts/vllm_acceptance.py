@@ -33,13 +33,13 @@ MAX_TOKENS = 64
 TEMPERATURE = 0.8
 
 
-def _batches() -> dict[str, tuple[list[str], Any]]:
+def _batches(batches: int, max_tokens: int) -> dict[str, tuple[list[str], Any]]:
     from vllm import SamplingParams
 
     return {f"batch{j}": (DEFAULT_PROMPTS,
                           [SamplingParams(temperature=TEMPERATURE, seed=1000 * j + i,
-                                          max_tokens=MAX_TOKENS)
-                           for i in range(len(DEFAULT_PROMPTS))]) for j in range(BATCHES)}
+                                          max_tokens=max_tokens)
+                           for i in range(len(DEFAULT_PROMPTS))]) for j in range(batches)}
 
 
 def _per_step(counters: dict[str, int]) -> float:
@@ -58,6 +58,8 @@ def _t_interval(values: list[float]) -> tuple[float, float, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write every figure to this file")
+    parser.add_argument("--batches", type=int, default=BATCHES, help="trials per engine start")
+    parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
     args = parser.parse_args(argv)
     problem = engine.vllm_missing_reason()
     if problem:
@@ -73,18 +75,19 @@ def main(argv: list[str] | None = None) -> int:
     for start, method in enumerate(order):
         config = EngineConfig(f"draft+{method}", spec, "sampler",
                               environment={plugin.ENV_METHOD: method})
-        gens, state = engine.run_engine(target, config, _batches())
+        gens, state = engine.run_engine(target, config,
+                                        _batches(args.batches, args.max_tokens))
         assert state.get("method") == method and state["calls_with_draft_probs"] > 0, state
         for name, gen in gens.items():
             trials[method].append({"start": start, "batch": name, "counters": gen.counters,
                                    "accepted_per_step": _per_step(gen.counters),
                                    "tokens": gen.num_tokens})
         print(f"start {start} ({method}): "
-              + ", ".join(f"{t['accepted_per_step']:.3f}" for t in trials[method][-BATCHES:]),
+              + ", ".join(f"{t['accepted_per_step']:.3f}" for t in trials[method][-args.batches:]),
               flush=True)
-    report: dict[str, Any] = {"order": order, "batches_per_start": BATCHES,
+    report: dict[str, Any] = {"order": order, "batches_per_start": args.batches,
                               "requests_per_batch": len(DEFAULT_PROMPTS),
-                              "max_tokens": MAX_TOKENS, "temperature": TEMPERATURE,
+                              "max_tokens": args.max_tokens, "temperature": TEMPERATURE,
                               "speculative_config": {**spec, "model": "<first 20 layers>"},
                               "methods": {}}
     for method, rows in trials.items():
