@@ -27,6 +27,7 @@ from portable_verify.dispatch import (
     register_backend,
     unregister_backend,
 )
+from portable_verify.warmup import warm_up
 
 __all__ = [
     "INVALID_DRAFT_TOKEN_ID",
@@ -51,5 +52,6 @@ __all__ = [
     "verify_ragged",
     "verify_rows",
     "verify_tree",
+    "warm_up",
 ]
 __version__ = "0.1.0"

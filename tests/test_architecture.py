@@ -24,6 +24,7 @@ LAYERS: dict[str, int] = {
     "dispatch": 2,
     "api": 3,
     "": 4,  # the package itself: the public names
+    "warmup": 4,  # portable_verify.warm_up, a public name, over the front doors
     "integrations": 5,
     "testing": 5,
     "bench": 5,

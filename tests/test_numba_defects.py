@@ -155,6 +155,6 @@ def test_results_identical_at_1_2_and_3_threads() -> None:
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 5, out.stdout
     for line in lines:
-        name, same, differing = line.split()
+        _name, same, differing = line.split()
         assert same == "True", line
         assert int(differing) == 0, line  # and the same tokens as the torch backend

@@ -1,10 +1,13 @@
 """The plugin inside real vLLM engines on CPU (SmolLM2-135M from the local package).
 
-Four engines, each started once (one alive at a time) by the module fixture, which runs every
+Engines, each started once (one alive at a time) by the module fixture, which runs every
 workload the tests below need: no speculation (the greedy reference); n-gram k=3 with the plugin;
 n-gram k=3 with vLLM's own sampler (expansion repaired: ``PORTABLE_VERIFY_VLLM=fix``); a draft
-model (the target's first layers) k=2 with the plugin. Skips when vLLM or the model is missing,
-unless ``PORTABLE_VERIFY_REQUIRE_VLLM=1`` (CI), which turns the skip into a failure.
+model (the target's first layers) k=2 with the plugin; the same draft model sampling its drafts
+(``draft_sample_method: probabilistic``, so draft probabilities reach the sampler) with the
+plugin's other methods (``PORTABLE_VERIFY_VLLM_METHOD=typical``, and ``block`` where this build
+has it). Skips when vLLM or the model is missing, unless ``PORTABLE_VERIFY_REQUIRE_VLLM=1`` (CI),
+which turns the skip into a failure.
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import statistics
 
 import pytest
 
+from portable_verify.core.types import METHODS
 from portable_verify.integrations import models
-from portable_verify.integrations.vllm_v1 import engine
+from portable_verify.integrations.vllm_v1 import engine, plugin
 from portable_verify.integrations.vllm_v1.engine import DEFAULT_PROMPTS, EngineConfig
 
 _missing = engine.vllm_missing_reason()
@@ -29,6 +33,7 @@ MAX_TOKENS = 48
 REPLICATES = 6  # independent sampled batches per engine for the acceptance comparison
 NGRAM = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4,
          "prompt_lookup_min": 2}
+OTHER_METHODS = [m for m in ("typical", "block") if m in METHODS]
 
 
 def _sampled(seed: int):
@@ -53,6 +58,11 @@ def _workloads(kind: str) -> dict:
         work["alone"] = (DEFAULT_PROMPTS[:1], [_sampled(0)])
         work["mixed"] = ([DEFAULT_PROMPTS[5], DEFAULT_PROMPTS[0], DEFAULT_PROMPTS[3]],
                          [_sampled(555), _sampled(0), _sampled(777)])
+    if kind == "method":  # batch 1 (the seed's configuration at k=2), then a batch
+        work["alone"] = (DEFAULT_PROMPTS[:1], [_sampled(0)])
+        work["alone_again"] = work["alone"]
+        work["sampled0"] = (DEFAULT_PROMPTS,
+                            [_sampled(i) for i in range(len(DEFAULT_PROMPTS))])
     return work
 
 
@@ -67,6 +77,10 @@ def runs() -> dict:
         (EngineConfig("ngram+vllm", NGRAM, "fix"), "ngram"),
         (EngineConfig("draft+plugin", draft_spec, "sampler"), "draft"),
     ]
+    sampling_draft = {**draft_spec, "draft_sample_method": "probabilistic"}
+    configs += [(EngineConfig(f"draft+{method}", sampling_draft, "sampler",
+                              environment={plugin.ENV_METHOD: method}), "method")
+                for method in OTHER_METHODS]
     out = {}
     for config, kind in configs:
         out[config.name] = engine.run_engine(target, config, _workloads(kind))
@@ -141,3 +155,17 @@ def test_acceptance_agrees_with_vllms_own_sampler(runs: dict) -> None:
     critical = stats.t.isf(0.005, df)
     power = stats.nct.sf(critical, df, 0.15 / se)
     assert power >= 0.9, (power, rates)
+
+
+@pytest.mark.parametrize("method", OTHER_METHODS)
+def test_the_other_methods_run_inside_the_engine(runs: dict, method: str) -> None:
+    """The method reaches the workers' decision, with vLLM's draft probabilities; greedy
+    requests stay token-identical to no speculation; seeded requests repeat."""
+    gens, state = runs[f"draft+{method}"]
+    assert state.get("sampler") is True and state["method"] == method, state
+    assert state["calls_with_draft_probs"] > 0, state  # draft_sample_method: probabilistic
+    assert gens["greedy"].token_ids == runs["plain"][0]["greedy"].token_ids
+    assert gens["alone"].token_ids == gens["alone_again"].token_ids
+    assert gens["alone"].counters["num_draft_tokens"] > 0
+    assert gens["sampled0"].counters["num_accepted_tokens"] > 0
+    assert len({tuple(t) for t in gens["sampled0"].token_ids}) == len(DEFAULT_PROMPTS)

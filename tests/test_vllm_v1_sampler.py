@@ -22,6 +22,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import portable_verify as pv
+from portable_verify.core.types import METHODS
 from portable_verify.integrations.vllm_v1 import engine, expansion, plugin, runner_v2
 from portable_verify.integrations.vllm_v1.sampler import make_rejection_sample
 from portable_verify.testing.stats.chi_square import chi_square_fit, power_against
@@ -398,3 +399,93 @@ def test_v2_step_equals_the_ragged_call() -> None:
                             max_num_draft_tokens=k)
     assert torch.equal(sampled, want.token_ids)
     assert torch.equal(num_sampled, want.num_emitted.to(torch.int32))
+
+
+def test_method_settings_are_validated_with_the_variable_named() -> None:
+    assert plugin.settings({}) == plugin.Settings()
+    typical = plugin.settings({plugin.ENV_METHOD: " Typical ", plugin.ENV_TYPICAL_EPS: "0.2",
+                               plugin.ENV_TYPICAL_ALPHA: "0"})
+    assert (typical.method, typical.typical) == ("typical", pv.TypicalParams(0.2, 0.0))
+    bad = [
+        ({plugin.ENV_METHOD: "medusa"}, plugin.ENV_METHOD),
+        ({plugin.ENV_METHOD: "typical", plugin.ENV_TYPICAL_EPS: "-1"}, plugin.ENV_TYPICAL_EPS),
+        ({plugin.ENV_METHOD: "typical", plugin.ENV_TYPICAL_ALPHA: "inf"},
+         plugin.ENV_TYPICAL_ALPHA),
+        ({plugin.ENV_METHOD: "typical", plugin.ENV_TYPICAL_ALPHA: "x"}, plugin.ENV_TYPICAL_ALPHA),
+        ({plugin.ENV_TYPICAL_EPS: "0.1"}, plugin.ENV_TYPICAL_EPS),  # typical's, method rejection
+    ]
+    for env, name in bad:
+        with pytest.raises(ValueError, match=name):
+            plugin.settings(env)
+    if "block" in METHODS:
+        assert plugin.settings({plugin.ENV_METHOD: "block"}).method == "block"
+        assert "in expectation" in plugin.settings({plugin.ENV_METHOD: "block"}).describe()
+    else:  # the block method is not in this build yet: a clear refusal, not rejection
+        with pytest.raises(ValueError, match="needs a portable_verify build"):
+            plugin.settings({plugin.ENV_METHOD: "block"})
+
+
+def test_registration_refuses_a_bad_method(vllm_rs, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(vllm_rs, "rejection_sample", getattr(
+        vllm_rs.rejection_sample, "vllm_original", vllm_rs.rejection_sample))
+    monkeypatch.setenv(plugin.ENV_VAR, "1")
+    monkeypatch.setenv(plugin.ENV_METHOD, "tipycal")
+    with pytest.raises(ValueError, match=plugin.ENV_METHOD):
+        plugin.register()
+    assert not getattr(vllm_rs.rejection_sample, "portable_verify", False)
+
+
+@pytest.mark.parametrize("method", [m for m in ("typical", "block") if m in METHODS])
+def test_the_method_and_its_options_reach_the_decision(vllm_sample, method: str) -> None:
+    """Typical with eps = alpha = 0 accepts every draft the target gives probability > 0, so
+    every sampled row emits all its drafts plus the bonus; rejection (the control) does not.
+    Greedy rows stay vLLM's greedy under every method."""
+    g = torch.Generator().manual_seed(12)
+    b, k, v = 64, 3, 40
+    drafts, counts, cu, logits, bonus = _ragged_batch(g, b, k, v, hit=0.3)
+    drafts = drafts.clamp(min=0)  # every slot a proposal
+    temperature = torch.ones(b)
+    temperature[::4] = 0
+    md = _metadata(temperature)
+    want_greedy = vllm_sample(drafts, counts, k, cu, None, logits.clone(), bonus,
+                              _metadata(None))
+    full = torch.tensor(counts) + 1
+    sampled = temperature != 0
+    outputs = {}
+    for name, typical in [(method, pv.TypicalParams(0.0, 0.0)), ("rejection", None)]:
+        fn = make_rejection_sample(vllm_sample, options=pv.VerifyOptions(
+            name, typical or pv.TypicalParams()))
+        outputs[name] = fn(drafts, counts, k, cu, None, logits.clone(), bonus, md)
+        assert torch.equal(outputs[name][~sampled], want_greedy[~sampled]), name
+    emitted = {name: (out != -1).sum(1) for name, out in outputs.items()}
+    if method == "typical":
+        assert torch.equal(emitted[method][sampled], full[sampled])
+    assert not torch.equal(emitted["rejection"][sampled], full[sampled])
+
+
+def test_unseeded_draws_agree_across_ranks(vllm_sample) -> None:
+    """Two replacements built like two tensor-parallel ranks' (same engine seed) agree on
+    unseeded requests, even when torch's global generator is consumed differently between
+    their steps; a rank seeded differently (the control) does not."""
+    g = torch.Generator().manual_seed(13)
+    b, k, v = 32, 3, 50
+    drafts, counts, cu, logits, bonus = _ragged_batch(g, b, k, v, hit=0.5)
+    md = _metadata(torch.full((b,), 0.9))
+    torch.manual_seed(21)
+    rank0, rank1 = make_rejection_sample(vllm_sample), make_rejection_sample(vllm_sample)
+    for step in range(3):
+        out0 = rank0(drafts, counts, k, cu, None, logits.clone(), bonus, md)
+        torch.rand(100 + step)  # something else on one rank consumes the global generator
+        out1 = rank1(drafts, counts, k, cu, None, logits.clone(), bonus, md)
+        assert torch.equal(out0, out1), step
+    torch.manual_seed(22)
+    other = make_rejection_sample(vllm_sample)
+    assert not torch.equal(other(drafts, counts, k, cu, None, logits.clone(), bonus, md),
+                           rank0(drafts, counts, k, cu, None, logits.clone(), bonus, md))
+
+
+def test_warm_up_runs_every_method_through_the_public_door() -> None:
+    first = pv.warm_up()
+    assert set(first) == {m for m in METHODS if m != "auto"}
+    with pytest.raises(ValueError, match="methods"):
+        pv.warm_up(methods=("beam",))

