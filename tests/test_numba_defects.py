@@ -157,3 +157,22 @@ def test_results_identical_at_1_2_and_3_threads() -> None:
         _name, same, differing = line.split()
         assert same == "True", line
         assert int(differing) == 0, line  # and the same tokens as the torch backend
+
+
+def test_worker_threads_survive_fork() -> None:
+    """A child forked after a parallel call gets fresh workers (an inherited executor has no
+    threads and would never run the work: the child would hang past the timeout)."""
+    code = """
+        import os, torch, portable_verify as pv
+        os.environ["PORTABLE_VERIFY_NUM_THREADS"] = "2"
+        logits, drafts = torch.randn(8, 4, 40000), torch.randint(0, 40000, (8, 3))
+        first = pv.verify(drafts, target_logits=logits, seed=1, backend="numba:cpu").token_ids
+        pid = os.fork()
+        if pid == 0:
+            again = pv.verify(drafts, target_logits=logits, seed=1, backend="numba:cpu")
+            os._exit(0 if torch.equal(first, again.token_ids) else 3)
+        print("child", os.waitpid(pid, 0)[1])
+    """
+    out = _child(code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "child 0" in out.stdout

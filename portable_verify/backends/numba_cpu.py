@@ -63,6 +63,8 @@ def threads_for(values: int, requests: int) -> int:
 
 
 _POOL: dict[str, Any] = {"size": 0, "executor": None}
+# A forked child inherits the executor but not its threads: it would queue work nobody runs.
+os.register_at_fork(after_in_child=lambda: _POOL.update(size=0, executor=None))
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
