@@ -125,7 +125,7 @@ def test_results_identical_at_1_2_and_3_threads() -> None:
         import os
         import numpy as np, torch, portable_verify as pv
         g = torch.Generator().manual_seed(5)
-        b, k, v = 24, 3, 16384
+        b, k, v = 24, 3, 32768  # 2.4M values: above the one-thread threshold
         logits = torch.randn(b, k + 1, v, generator=g) * 3
         probs = torch.softmax(logits, -1)
         q = torch.softmax(torch.randn(b, k, v, generator=g) * 3, -1)
@@ -165,7 +165,7 @@ def test_worker_threads_survive_fork() -> None:
     code = """
         import os, torch, portable_verify as pv
         os.environ["PORTABLE_VERIFY_NUM_THREADS"] = "2"
-        logits, drafts = torch.randn(8, 4, 40000), torch.randint(0, 40000, (8, 3))
+        logits, drafts = torch.randn(8, 4, 100000), torch.randint(0, 100000, (8, 3))
         first = pv.verify(drafts, target_logits=logits, seed=1, backend="numba:cpu").token_ids
         pid = os.fork()
         if pid == 0:

@@ -44,9 +44,11 @@ BY_ADDRESS_MAX = 4096
 """Calls with at most this many target values read torch tensors by address on one thread
 (their numpy views cost more than the whole decision)."""
 
-PARALLEL_MIN_VALUES = 1 << 18
-"""Target values below which a call runs on one thread: under it, starting the threads costs
-more than they save (measured crossover: docs/benchmarks.md, bench/threads_crossover.py)."""
+PARALLEL_MIN_VALUES = 1 << 21
+"""Target values (``B*K*V``) below which a call stays on the calling thread: a worker must be
+woken and scheduled, which costs tens of microseconds on a quiet machine and milliseconds on
+a loaded one (docs/benchmarks.md, "Threads at serving scale"); 2**21 values take ~1-2 ms at
+one thread."""
 
 ENV_THREADS = "PORTABLE_VERIFY_NUM_THREADS"
 
