@@ -19,7 +19,7 @@ BACKENDS = ["auto", "numba:cpu", "torch:cpu", "numpy"]
 
 def _child(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
-                          text=True, timeout=300, env=env)
+                          text=True, timeout=900, env=env)
 
 
 RAGGED_OVERRUNS = [
@@ -107,8 +107,8 @@ def test_numba_works_without_a_writable_cache() -> None:
         import numba.core.caching as caching
         caching.CacheImpl._locator_classes = []  # what a read-only image leaves numba
         import torch, portable_verify as pv
-        r = pv.verify(torch.tensor([[1, 2]]), target_logits=torch.randn(1, 3, 8), seed=1,
-                      backend="numba:cpu")
+        r = pv.verify(torch.tensor([[1, 2]]), target_logits=torch.randn(1, 3, 8),
+                      method="greedy", backend="numba:cpu")  # greedy: the smallest compile
         print("tokens", r.token_ids.shape[1])
     """
     out = _child(code)
@@ -118,13 +118,14 @@ def test_numba_works_without_a_writable_cache() -> None:
 
 
 def test_results_identical_at_1_2_and_3_threads() -> None:
-    """Parallel over requests, every method: bit-identical tokens at 1, 2 and 3 threads (a
-    child with a 3-thread numba pool; the calls are above the one-thread crossover)."""
+    """Parallel over requests, every method: bit-identical tokens at 1, 2 and 3 threads (in a
+    child, so the thread override cannot leak; the calls are above the one-thread crossover),
+    and the same tokens as the torch backend."""
     code = """
         import os
         import numpy as np, torch, portable_verify as pv
         g = torch.Generator().manual_seed(5)
-        b, k, v = 24, 3, 16384
+        b, k, v = 24, 3, 32768  # 2.4M values: above the one-thread threshold
         logits = torch.randn(b, k + 1, v, generator=g) * 3
         probs = torch.softmax(logits, -1)
         q = torch.softmax(torch.randn(b, k, v, generator=g) * 3, -1)
@@ -148,9 +149,7 @@ def test_results_identical_at_1_2_and_3_threads() -> None:
             ref = pv.verify(drafts, seed=7, backend="torch:cpu", **kw).token_ids
             print(name, same, int((ref != out[0]).any(-1).sum()))
     """
-    import os
-
-    out = _child(code, env={**os.environ, "NUMBA_NUM_THREADS": "3"})
+    out = _child(code)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 5, out.stdout
@@ -158,3 +157,22 @@ def test_results_identical_at_1_2_and_3_threads() -> None:
         _name, same, differing = line.split()
         assert same == "True", line
         assert int(differing) == 0, line  # and the same tokens as the torch backend
+
+
+def test_worker_threads_survive_fork() -> None:
+    """A child forked after a parallel call gets fresh workers (an inherited executor has no
+    threads and would never run the work: the child would hang past the timeout)."""
+    code = """
+        import os, torch, portable_verify as pv
+        os.environ["PORTABLE_VERIFY_NUM_THREADS"] = "2"
+        logits, drafts = torch.randn(8, 4, 100000), torch.randint(0, 100000, (8, 3))
+        first = pv.verify(drafts, target_logits=logits, seed=1, backend="numba:cpu").token_ids
+        pid = os.fork()
+        if pid == 0:
+            again = pv.verify(drafts, target_logits=logits, seed=1, backend="numba:cpu")
+            os._exit(0 if torch.equal(first, again.token_ids) else 3)
+        print("child", os.waitpid(pid, 0)[1])
+    """
+    out = _child(code)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "child 0" in out.stdout

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -44,25 +45,52 @@ BY_ADDRESS_MAX = 4096
 """Calls with at most this many target values read torch tensors by address on one thread
 (their numpy views cost more than the whole decision)."""
 
-PARALLEL_MIN_VALUES = 1 << 18
-"""Target values below which a call runs on one thread: under it, starting the threads costs
-more than they save (measured crossover: docs/benchmarks.md, scripts/bench/threads_crossover.py)."""
+PARALLEL_MIN_VALUES = 1 << 21
+"""Target values (``B*K*V``) below which a call stays on the calling thread: a worker must be
+woken and scheduled, which costs tens of microseconds on a quiet machine and milliseconds on
+a loaded one (docs/benchmarks.md, "Threads at serving scale"); 2**21 values take ~1-2 ms at
+one thread."""
 
 ENV_THREADS = "PORTABLE_VERIFY_NUM_THREADS"
 
 
-def threads_for(values: int) -> int:
+def threads_for(values: int, requests: int) -> int:
     """Threads for a call reading about ``values`` target values: 1 below
     :data:`PARALLEL_MIN_VALUES`, else ``PORTABLE_VERIFY_NUM_THREADS`` if set, else the caller's
-    ``torch.get_num_threads()`` (what vLLM's CPU worker sets), at most numba's pool size."""
-    if values < PARALLEL_MIN_VALUES:
+    ``torch.get_num_threads()`` (what vLLM's CPU worker sets), at most one per request."""
+    if values < PARALLEL_MIN_VALUES or requests < 2:
         return 1
     wanted = os.environ.get(ENV_THREADS)
     n = int(wanted) if wanted and wanted.strip().isdigit() else torch.get_num_threads()
-    n = max(1, min(n, numba.config.NUMBA_NUM_THREADS))
-    if n > 1:
-        numba.set_num_threads(n)  # this Python thread's pool size (numba keeps it per thread)
-    return n
+    return max(1, min(n, requests))
+
+
+_POOL: dict[str, Any] = {"size": 0, "executor": None}
+# A forked child inherits the executor but not its threads: it would queue work nobody runs.
+os.register_at_fork(after_in_child=lambda: _POOL.update(size=0, executor=None))
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The module's worker threads (grown on demand; idle workers sleep, never spin)."""
+    if _POOL["size"] < workers:
+        _POOL.update(size=workers, executor=ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="portable-verify-numba"))
+    return _POOL["executor"]
+
+
+def run_split(kernel: Any, b: int, threads: int, before: tuple, after: tuple) -> int:
+    """``kernel(*before, lo, hi, *after)`` over ``threads`` disjoint ranges of the ``b``
+    requests at once (the kernel releases the GIL), the calling thread taking the first;
+    returns the largest flag. A request's result depends only on its own inputs, so the split
+    cannot change a result (bit-identical at any thread count)."""
+    if threads <= 1:
+        return kernel(*before, 0, b, *after)
+    bounds = [b * t // threads for t in range(threads + 1)]
+    pool = _pool(threads - 1)
+    futures = [pool.submit(kernel, *before, bounds[t], bounds[t + 1], *after)
+               for t in range(1, threads)]
+    error = kernel(*before, bounds[0], bounds[1], *after)
+    return max([error] + [f.result() for f in futures])
 
 
 def host_array(t: Any, dtype: Any) -> np.ndarray:
@@ -79,14 +107,12 @@ def _outputs(b: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
 
 def options_record(*, is_logits: bool, all_greedy: bool = False, typical: bool = False,
                    check: bool = True, seed_mode: int = 1, seed_scalar: int = 0,
-                   offset_scalar: int = 0, threads: int = 1, vocab_parallel: bool = False,
-                   temp_scalar: float = 1.0,
+                   offset_scalar: int = 0, temp_scalar: float = 1.0,
                    eps: float = 0.0, alpha: float = 0.0, atol: float = PROB_SUM_ATOL,
                    q_atol: float = PROB_SUM_ATOL) -> np.ndarray:
     """A call's options as the kernel's one record (:data:`numba_kernels.OPTIONS`)."""
     return np.array([(is_logits, all_greedy, typical, check, seed_mode, seed_scalar,
-                      offset_scalar, threads, vocab_parallel, temp_scalar, eps, alpha, atol,
-                      q_atol)],
+                      offset_scalar, temp_scalar, eps, alpha, atol, q_atol)],
                     dtype=kernels.OPTIONS)
 
 
@@ -100,8 +126,7 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
     """``(token_ids, num_accepted, num_emitted, num_draft_tokens, ok)`` from host arrays whose
     layout the caller has checked (shapes index memory here: nothing is bounds-checked);
-    ``options`` are the fields of :func:`options_record` other than ``is_logits`` and
-    ``threads``.
+    ``options`` are the fields of :func:`options_record` other than ``is_logits``.
 
     ``target`` holds the flat rows ``[..., V]`` (C-contiguous); it and ``drafts`` may also be
     contiguous float32 / int64 CPU tensors, read in place by address.
@@ -119,12 +144,11 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
             uniforms, seeds, offsets, bonus, record, tokens, accepted, emitted, out_counts)
         return tokens, accepted, emitted, out_counts, error == 0
     target = host_array(target, np.float32).reshape(-1, v)
-    threads = threads_for(b * k * v)
-    record = options_record(is_logits=is_logits, threads=threads, vocab_parallel=b < threads,
-                            **options)
-    error = kernels.decide(target, rows, host_array(drafts, np.int64), counts, q, qrows, temps,
-                           uniforms, seeds, offsets, bonus, record, tokens, accepted, emitted,
-                           out_counts)
+    record = options_record(is_logits=is_logits, **options)
+    error = run_split(kernels.decide, b, threads_for(b * k * v, b),
+                      (target, rows, host_array(drafts, np.int64), counts, q, qrows, temps,
+                       uniforms, seeds, offsets, bonus, record),
+                      (tokens, accepted, emitted, out_counts))
     return tokens, accepted, emitted, out_counts, error == 0
 
 
@@ -144,9 +168,9 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
                                   accepted, emitted, out_counts)
     else:
         target = host_array(target, np.float32).reshape(r, v)
-        error = kernels.greedy(target, is_logits, host_array(drafts, np.int64), counts, bonus,
-                               check, threads_for(b * v), tokens, accepted, emitted,
-                               out_counts)
+        error = run_split(kernels.greedy, b, threads_for(b * v, b),
+                          (target, is_logits, host_array(drafts, np.int64), counts, bonus,
+                           check), (tokens, accepted, emitted, out_counts))
     return tokens, accepted, emitted, out_counts, error == 0
 
 

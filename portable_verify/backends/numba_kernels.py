@@ -1,8 +1,9 @@
 """The whole decision of one call as one compiled CPU kernel (numba).
 
 Why: at the serving operating point (batch 1-8) a call's fixed cost is what matters, and one
-compiled call costs under a microsecond to enter; at serving scale the requests run in
-parallel (``prange``; docs/decisions.md says how threads are chosen). Semantics are
+compiled call costs under a microsecond to enter; at serving scale disjoint ranges of
+requests run at once on several threads (``numba_cpu``; docs/decisions.md says why threads
+and not numba's parallel layer). Semantics are
 docs/semantics.md; each request is ``numpy_ref.verify_one``'s twin, in the same two halves
 (:func:`accept_prefix`, :func:`final_token`); the row passes are
 :mod:`portable_verify.backends.numba_math` (vectorised max, argmax, exp, log).
@@ -23,17 +24,12 @@ from numba.extending import intrinsic
 from portable_verify.backends.numba_math import (
     JIT,
     entropy,
-    entropy_par,
     exp_sum,
     exp_sum_dot,
-    exp_sum_dot_par,
-    exp_sum_par,
     residual,
     residual_stats,
     row_argmax,
-    row_argmax_par,
     row_max,
-    row_max_par,
     row_stats,
 )
 from portable_verify.core import constants, rng
@@ -59,16 +55,13 @@ ERROR_VALUE = 1  # a value the decision reads is invalid: the caller words it (t
 OPTIONS = np.dtype([
     ("is_logits", np.bool_), ("all_greedy", np.bool_), ("typical", np.bool_),
     ("check", np.bool_), ("seed_mode", np.int64), ("seed_scalar", np.int64),
-    ("offset_scalar", np.int64), ("threads", np.int64), ("vocab_parallel", np.bool_),
-    ("temp_scalar", np.float64),
+    ("offset_scalar", np.int64), ("temp_scalar", np.float64),
     ("eps", np.float64), ("alpha", np.float64), ("atol", np.float64), ("q_atol", np.float64),
 ], align=True)
 """A call's options as one record (a 1-element array of it goes down to the kernel).
 
 ``seed_mode`` 1: per-request ``seeds``; 2: ``row_seed(seed_scalar, i)``; ``offset_scalar``
-when ``offsets`` is empty; ``temp_scalar`` when ``temps`` is empty; ``threads``: how many
-threads run the call (1: the serial loop); ``vocab_parallel``: the requests in turn, each
-row's vocabulary blocks in parallel (fewer requests than threads); ``atol`` / ``q_atol``:
+when ``offsets`` is empty; ``temp_scalar`` when ``temps`` is empty; ``atol`` / ``q_atol``:
 the sum tolerance of target / draft probability rows."""
 
 
@@ -109,51 +102,45 @@ def _block_sum(block):
 
 
 @numba.njit(**JIT)
-def draw(w, v, par=False):
+def draw(w, v):
     """Smallest ``t`` with ``cumsum(w)[t] >= v * sum(w)`` in float64, and the total.
 
-    Two levels: block sums (vectorised; in parallel with ``par``), then one sequential scan
-    inside the crossing block. Prefixes are float64 as docs/semantics.md prescribes; the pick
-    differs from a single sequential scan only where the threshold lies within float64
-    rounding of a prefix.
+    Two levels: block sums (vectorised), then one sequential scan inside the crossing block.
+    Prefixes are float64 as docs/semantics.md prescribes; the pick differs from a single
+    sequential scan only where the threshold lies within float64 rounding of a prefix.
     """
-    sums, total, _, _ = _block_sums_par(w, False) if par else _block_sums(w, False)
+    sums, total, _, _ = _block_sums(w, False)
     return _pick(w, sums, total, v), total
 
 
 @numba.njit(**JIT)
-def draw_checked(w, v, atol, par=False):
+def draw_checked(w, v, atol):
     """:func:`draw`, and whether ``w`` is not a distribution (a negative or NaN entry, or a
     total not within ``atol`` of 1), found on the draw's own pass over the row."""
-    sums, total, low, has_nan = _block_sums_par(w, True) if par else _block_sums(w, True)
+    sums, total, low, has_nan = _block_sums(w, True)
     return _pick(w, sums, total, v), not _is_distribution(low, has_nan, total, atol)
 
 
-def _block_sums_source(w, with_stats):
-    """Per-block float64 sums and their total (in block order); with ``with_stats`` also the
-    row's minimum and whether it holds a NaN (:func:`numba_math.row_stats` per block)."""
+@numba.njit(inline="always", **JIT)
+def _block_sums(w, with_stats):
+    """Per-block float64 sums and their total; with ``with_stats`` also the row's minimum and
+    whether it holds a NaN (:func:`numba_math.row_stats` per block: the same pass)."""
     size = w.shape[0]
     n_blocks = (size + DRAW_BLOCK - 1) // DRAW_BLOCK
     sums = np.empty(n_blocks, dtype=np.float64)
-    lows = np.empty(n_blocks, dtype=np.float32)
-    nans = np.zeros(n_blocks, dtype=np.bool_)
-    for b in numba.prange(n_blocks):
-        block = w[b * DRAW_BLOCK:min(size, (b + 1) * DRAW_BLOCK)]
-        if with_stats:
-            lows[b], nans[b], sums[b] = row_stats(block)
-        else:
-            sums[b] = _block_sum(block)
-            lows[b] = 0.0
     total = 0.0
     low = np.float32(np.inf)
+    has_nan = False
     for b in range(n_blocks):
+        block = w[b * DRAW_BLOCK:min(size, (b + 1) * DRAW_BLOCK)]
+        if with_stats:
+            block_low, block_nan, sums[b] = row_stats(block)
+            low = min(low, block_low)
+            has_nan = has_nan or block_nan
+        else:
+            sums[b] = _block_sum(block)
         total += sums[b]
-        low = min(low, lows[b])
-    return sums, total, low, nans.any()
-
-
-_block_sums = numba.njit(**JIT)(_block_sums_source)
-_block_sums_par = numba.njit(parallel=True, **JIT)(_block_sums_source)
+    return sums, total, low, has_nan
 
 
 @numba.njit(inline="always", **JIT)
@@ -264,14 +251,14 @@ def _bad_request(drafts, bonus, explicit_u, i, n, t, v_size, is_logits):
 
 
 @numba.njit(inline="always", **JIT)
-def _greedy_request(target, rows, drafts, i, n, is_logits, check, par):
+def _greedy_request(target, rows, drafts, i, n, is_logits, check):
     """``(accepted, final, bad)`` of greedy request ``i`` with ``n`` drafts: the longest prefix
     where draft == argmax, then the first unmatched argmax (or the bonus position's)."""
     k = drafts.shape[1]
     bad = False
     for j in range(n + 1):
         row = target[_target_row(rows, i, j, k, target.shape[0])]
-        g = row_argmax_par(row) if par else row_argmax(row)
+        g = row_argmax(row)
         if check:  # the argmax lands on a NaN if the row has one
             top = row[g]
             bad = bad or (is_logits and not (top > -np.inf and top < np.inf))
@@ -294,13 +281,13 @@ def _emit(out_tokens, drafts, i, accepted, final):
 
 
 @numba.njit(inline="always", **JIT)
-def _greedy_one(target, is_logits, drafts, counts, bonus, check, par, i, out_tokens,
-                out_accepted, out_emitted, out_counts):
+def _greedy_one(target, is_logits, drafts, counts, bonus, check, i, out_tokens, out_accepted,
+                out_emitted, out_counts):
     """Greedy request ``i`` from count to emission; returns its flag."""
     n, n_raw, out_counts[i], bad = _count(counts, drafts, i, check)
     bad = bad or (check and _bad_ids(drafts, bonus, i, n, target.shape[1]))
     accepted, final, bad_row = _greedy_request(target, EMPTY_ROWS, drafts, i, n, is_logits,
-                                               check, par)
+                                               check)
     if bonus.shape[0] > 0 and accepted == n_raw:
         final = bonus[i]
     out_accepted[i] = accepted
@@ -310,36 +297,15 @@ def _greedy_one(target, is_logits, drafts, counts, bonus, check, par, i, out_tok
 
 
 @numba.njit(**JIT)
-def _greedy_serial(target, is_logits, drafts, counts, bonus, check, par, out_tokens,
-                   out_accepted, out_emitted, out_counts):
+def greedy(target, is_logits, drafts, counts, bonus, check, lo, hi, out_tokens, out_accepted,
+           out_emitted, out_counts):
+    """:func:`decide` for requests ``lo .. hi-1`` of a padded call whose every row is greedy
+    (fewer arguments: a compiled call costs ~50 ns per argument to enter)."""
     error = ERROR_NONE
-    for i in range(drafts.shape[0]):
-        error = max(error, _greedy_one(target, is_logits, drafts, counts, bonus, check, par, i,
+    for i in range(lo, hi):
+        error = max(error, _greedy_one(target, is_logits, drafts, counts, bonus, check, i,
                                        out_tokens, out_accepted, out_emitted, out_counts))
     return error
-
-
-@numba.njit(parallel=True, **JIT)
-def _greedy_parallel(target, is_logits, drafts, counts, bonus, check, threads, out_tokens,
-                     out_accepted, out_emitted, out_counts):
-    flags = np.zeros(drafts.shape[0], dtype=np.int64)
-    for i in numba.prange(drafts.shape[0]):
-        flags[i] = _greedy_one(target, is_logits, drafts, counts, bonus, check, False, i,
-                               out_tokens, out_accepted, out_emitted, out_counts)
-    return flags.max() if flags.shape[0] > 0 else ERROR_NONE
-
-
-@numba.njit(**JIT)
-def greedy(target, is_logits, drafts, counts, bonus, check, threads, out_tokens,
-           out_accepted, out_emitted, out_counts):
-    """:func:`decide` for a padded call whose every row is greedy (fewer arguments: a
-    compiled call costs ~50 ns per argument to enter). With ``threads > 1``: requests in
-    parallel, or each row's blocks in parallel when requests are fewer than threads."""
-    if threads > 1 and drafts.shape[0] >= threads:
-        return _greedy_parallel(target, is_logits, drafts, counts, bonus, check, threads,
-                                out_tokens, out_accepted, out_emitted, out_counts)
-    return _greedy_serial(target, is_logits, drafts, counts, bonus, check, threads > 1,
-                          out_tokens, out_accepted, out_emitted, out_counts)
 
 
 @intrinsic
@@ -357,12 +323,12 @@ def _pointer(typingctx, address, dtype):
 @numba.njit(**JIT)
 def greedy_at(target_address, rows, v_size, is_logits, drafts_address, b, k, counts, bonus,
               check, out_tokens, out_accepted, out_emitted, out_counts):
-    """:func:`greedy` (one thread: small calls) on contiguous torch tensors given by address:
+    """:func:`greedy` (all requests: small calls) on contiguous torch tensors given by address:
     making their numpy views costs more (~0.7 us each) than a small call's whole decision."""
     target = numba.carray(_pointer(target_address, np.float32), (rows, v_size))
     drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
-    return _greedy_serial(target, is_logits, drafts, counts, bonus, check, False, out_tokens,
-                          out_accepted, out_emitted, out_counts)
+    return greedy(target, is_logits, drafts, counts, bonus, check, 0, b, out_tokens,
+                  out_accepted, out_emitted, out_counts)
 
 
 @numba.njit(inline="always", **JIT)
@@ -391,16 +357,14 @@ def _u(explicit_u, key, i, counter_index, counter):
 
 
 @numba.njit(inline="always", **JIT)
-def _softmax_row(row, tf, scratch, typical, check, par):
-    """Exponentials of a logits row into ``scratch``: ``(sum, entropy, bad)``; ``par``: the
-    row's blocks in parallel (bit-identical)."""
-    m, has_nan = row_max_par(row) if par else row_max(row)
+def _softmax_row(row, tf, scratch, typical, check):
+    """Exponentials of a logits row into ``scratch``: ``(sum, entropy, bad)``."""
+    m, has_nan = row_max(row)
     bad = check and _bad_logit_max(m, has_nan)
     if typical:
-        s, d = exp_sum_dot_par(row, m, tf, scratch) if par else exp_sum_dot(row, m, tf, scratch)
+        s, d = exp_sum_dot(row, m, tf, scratch)
         return s, math.log(s) - d / s, bad
-    s = exp_sum_par(row, m, tf, scratch) if par else exp_sum(row, m, tf, scratch)
-    return s, 0.0, bad
+    return exp_sum(row, m, tf, scratch), 0.0, bad
 
 
 @numba.njit(**JIT)
@@ -418,7 +382,7 @@ def accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n, tf, key, 
         in_vocab = x >= 0 and x < v_size
         xc = min(max(x, 0), v_size - 1)
         if o.is_logits:
-            s, h, bad = _softmax_row(row, tf, scratch, o.typical, o.check, o.vocab_parallel)
+            s, h, bad = _softmax_row(row, tf, scratch, o.typical, o.check)
             error = _flag(error, bad)
             px = np.float32(np.float32(scratch[xc]) / np.float32(s))
         else:
@@ -426,7 +390,7 @@ def accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n, tf, key, 
             error = _flag(error, o.check and _bad_prob(px))
             h = 0.0
             if o.typical:  # 0 log 0 = 0; NaN and negative entries are only flagged
-                h, finite = entropy_par(row) if o.vocab_parallel else entropy(row)
+                h, finite = entropy(row)
                 error = _flag(error, o.check and not finite)
         px = px if in_vocab else np.float32(0.0)
         if o.typical:
@@ -456,15 +420,15 @@ def _residual_token(p, s, qrow, x, v, o, scratch_residual):
         else:
             error = _flag(error, o.check and _not_a_distribution(qrow, o.q_atol))
             residual(p, s if o.is_logits else 1.0, qrow, scratch_residual)
-        token, total = draw(scratch_residual, v, o.vocab_parallel)
-        return (token if total > 0 else draw(p, v, o.vocab_parallel)[0]), error
+        token, total = draw(scratch_residual, v)
+        return (token if total > 0 else draw(p, v)[0]), error
     error = _flag(error, o.check and not o.is_logits and _not_a_distribution(p, o.atol))
     scratch_residual[:] = p
     if in_vocab:
         scratch_residual[x] = 0.0
-    token, total = draw(scratch_residual, v, o.vocab_parallel)
+    token, total = draw(scratch_residual, v)
     if not total > 0:
-        token = x if in_vocab else draw(p, v, o.vocab_parallel)[0]
+        token = x if in_vocab else draw(p, v)[0]
     return token, error
 
 
@@ -482,17 +446,16 @@ def final_token(target, rows, drafts, q, qrows, explicit_u, o, i, accepted, n, s
     p = row  # probabilities: checked as a distribution on the pass that draws from it
     if o.is_logits:
         if not rejected:  # a rejected row's exponentials and sum are still in scratch and s
-            s, _, bad = _softmax_row(row, tf, scratch, False, o.check, o.vocab_parallel)
+            s, _, bad = _softmax_row(row, tf, scratch, False, o.check)
             error = _flag(error, bad)
         p = scratch
-    par = o.vocab_parallel
     if o.typical and rejected:  # for logits the first exponential equal to exp(0) = 1
-        return (row_argmax_par(p) if par else row_argmax(p)), error
+        return row_argmax(p), error
     if not rejected:
         if o.check and not o.is_logits:
-            token, bad = draw_checked(p, v, o.atol, par)
+            token, bad = draw_checked(p, v, o.atol)
             return token, _flag(error, bad)
-        return draw(p, v, par)[0], error
+        return draw(p, v)[0], error
     qrow = scratch_residual[:0]  # no draft probabilities
     if q.shape[0] > 0:
         qrow = q[_draft_row(qrows, i, accepted, k, q.shape[0])]
@@ -513,8 +476,7 @@ def _one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offse
         drafts, bonus, explicit_u, i, n, t, v_size, o.is_logits)))
     caller_bonus = bonus.shape[0] > 0
     if o.all_greedy or t == 0:
-        accepted, final, bad = _greedy_request(target, rows, drafts, i, n, o.is_logits, o.check,
-                                               o.vocab_parallel)
+        accepted, final, bad = _greedy_request(target, rows, drafts, i, n, o.is_logits, o.check)
         error = _flag(error, bad)
     else:
         tf = np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
@@ -536,48 +498,12 @@ def _one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offse
 
 
 @numba.njit(**JIT)
-def _decide_serial(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets,
-                   bonus, options, out_tokens, out_accepted, out_emitted, out_counts):
-    v_size = target.shape[1]
-    scratch = np.empty(v_size, dtype=np.float32)
-    scratch_residual = np.empty(v_size, dtype=np.float32)
-    error = ERROR_NONE
-    for i in range(drafts.shape[0]):
-        error = max(error, _one(target, rows, drafts, counts, q, qrows, temps, explicit_u,
-                                seeds, offsets, bonus, options, i, scratch, scratch_residual,
-                                out_tokens, out_accepted, out_emitted, out_counts))
-    return error
-
-
-@numba.njit(parallel=True, **JIT)
-def _decide_parallel(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds,
-                     offsets, bonus, options, out_tokens, out_accepted, out_emitted,
-                     out_counts):
-    """Requests in parallel, in ``threads * 4`` chunks of consecutive requests (each with
-    its own scratch rows; the caller has set numba's thread count). A request's result
-    depends on nothing but its own inputs, so the split and the thread count cannot change
-    it."""
-    threads = options[0].threads
-    b = drafts.shape[0]
-    v_size = target.shape[1]
-    n_chunks = min(b, 4 * threads)
-    flags = np.zeros(max(n_chunks, 1), dtype=np.int64)
-    for c in numba.prange(n_chunks):
-        scratch = np.empty(v_size, dtype=np.float32)
-        scratch_residual = np.empty(v_size, dtype=np.float32)
-        for i in range(c * b // n_chunks, (c + 1) * b // n_chunks):
-            flags[c] = max(flags[c], _one(target, rows, drafts, counts, q, qrows, temps,
-                                          explicit_u, seeds, offsets, bonus, options, i, scratch,
-                                          scratch_residual, out_tokens, out_accepted,
-                                          out_emitted, out_counts))
-    return flags.max()
-
-
-@numba.njit(**JIT)
 def decide(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets, bonus,
-           options, out_tokens, out_accepted, out_emitted, out_counts):
-    """Fill ``out_*`` for every request; return ``ERROR_VALUE`` when ``options.check`` is set
-    and a value the decision reads is invalid (docs/semantics.md, Validation).
+           options, lo, hi, out_tokens, out_accepted, out_emitted, out_counts):
+    """Fill ``out_*`` for requests ``lo .. hi-1``; return ``ERROR_VALUE`` when
+    ``options.check`` is set and a value the decision reads is invalid (docs/semantics.md,
+    Validation). Disjoint request ranges may run at once on several threads (the kernel
+    releases the GIL; a request's result depends only on its own inputs).
 
     ``rows`` / ``qrows`` empty: the padded layout (request ``i``, position ``j`` is row
     ``i*(K+1) + min(j, n_i)`` / ``i*K + j``). ``counts`` empty: every request has ``K`` drafts.
@@ -585,13 +511,15 @@ def decide(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, off
     else the counter hash of a per-request seed and offset (:data:`OPTIONS`). ``bonus`` (empty:
     drawn here): the caller's token for a request that accepted every draft.
     """
-    if options[0].threads > 1 and not options[0].vocab_parallel:
-        return _decide_parallel(target, rows, drafts, counts, q, qrows, temps, explicit_u,
-                                seeds, offsets, bonus, options, out_tokens, out_accepted,
-                                out_emitted, out_counts)
-    return _decide_serial(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds,
-                          offsets, bonus, options, out_tokens, out_accepted, out_emitted,
-                          out_counts)
+    v_size = target.shape[1]
+    scratch = np.empty(v_size, dtype=np.float32)
+    scratch_residual = np.empty(v_size, dtype=np.float32)
+    error = ERROR_NONE
+    for i in range(lo, hi):
+        error = max(error, _one(target, rows, drafts, counts, q, qrows, temps, explicit_u,
+                                seeds, offsets, bonus, options, i, scratch, scratch_residual,
+                                out_tokens, out_accepted, out_emitted, out_counts))
+    return error
 
 
 @numba.njit(**JIT)
@@ -602,4 +530,4 @@ def decide_at(target_address, n_rows, v_size, rows, drafts_address, b, k, counts
     target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
     drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
     return decide(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets,
-                  bonus, options, out_tokens, out_accepted, out_emitted, out_counts)
+                  bonus, options, 0, b, out_tokens, out_accepted, out_emitted, out_counts)

@@ -24,7 +24,7 @@ import logging
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
 __all__ = ["entropy", "exp_sum", "exp_sum_dot", "log_row", "residual", "residual_stats",
@@ -54,6 +54,7 @@ def _cache_usable() -> bool:
 
 JIT = {"nogil": True, "cache": _cache_usable()}
 """The options of every kernel of the numba backend (``**JIT``)."""
+
 
 _INF_BITS = np.int32(0x7F800000)  # abs(bits) above this is NaN
 _NEG_INF_KEY = np.int32(-2139095041)  # key of -inf: 0xff800000 ^ 0x7fffffff = 0x807fffff
@@ -505,101 +506,3 @@ def residual(p, scale, q, out):
         d = p[j] / s - q[j]
         out[j] = d if d > 0 else np.float32(0.0)
 
-
-# Within-row parallelism (a call with fewer requests than threads): the passes below split a
-# row into VOCAB_BLOCK-sized blocks and run the blocks in parallel. The partition does not
-# depend on the thread count, and each variant combines exactly the partial results its
-# serial twin combines, in the same order, so results are bit-identical at any thread count.
-VOCAB_BLOCK = 1 << 14
-
-
-def _max_blocks(row):
-    n = row.shape[0]
-    nb = (n + VOCAB_BLOCK - 1) // VOCAB_BLOCK
-    tops = np.empty(nb, dtype=np.float32)
-    nans = np.empty(nb, dtype=np.bool_)
-    for b in prange(nb):
-        tops[b], nans[b] = row_max(row[b * VOCAB_BLOCK:min(n, (b + 1) * VOCAB_BLOCK)])
-    top = np.float32(-np.inf)
-    for b in range(nb):  # max is exact: any order gives the serial answer
-        top = max(top, tops[b])
-    return top, nans.any()
-
-
-def _argmax_blocks(row):
-    n = row.shape[0]
-    nb = (n + VOCAB_BLOCK - 1) // VOCAB_BLOCK
-    where = np.empty(nb, dtype=np.int64)
-    for b in prange(nb):
-        where[b] = b * VOCAB_BLOCK + row_argmax(row[b * VOCAB_BLOCK:min(n, (b + 1) * VOCAB_BLOCK)])
-    best = where[0] if nb > 0 else 0
-    for b in range(nb):  # the first NaN, else the first block holding the maximum
-        x = row[where[b]]
-        if x != x:
-            return where[b]
-        if x > row[best]:
-            best = where[b]
-    return best
-
-
-def _exp_sum_dot_blocks(row, m, t, out):
-    n = row.shape[0]
-    nb = (n + VOCAB_BLOCK - 1) // VOCAB_BLOCK
-    per = VOCAB_BLOCK // _BLOCK
-    sums = np.zeros(nb * per, dtype=np.float64)
-    dots = np.zeros(nb * per, dtype=np.float64)
-    for b in prange(nb):
-        for c in range(per):
-            b0 = b * VOCAB_BLOCK + c * _BLOCK
-            if b0 < n:
-                b1 = min(n, b0 + _BLOCK)
-                bs, bd = _exp_sum_dot_block(row[b0:b1], m, t, out[b0:b1])
-                sums[b * per + c] = np.float64(bs)
-                dots[b * per + c] = np.float64(bd)
-    s = 0.0
-    d = 0.0
-    for c in range(nb * per):  # exp_sum_dot's order: 512-term blocks in turn
-        s += sums[c]
-        d += dots[c]
-    return s, d
-
-
-def _exp_blocks(row, m, t, out):
-    n = row.shape[0]
-    nb = (n + VOCAB_BLOCK - 1) // VOCAB_BLOCK
-    for b in prange(nb):
-        _exp_row(row[b * VOCAB_BLOCK:min(n, (b + 1) * VOCAB_BLOCK)], m, t,
-                 out[b * VOCAB_BLOCK:min(n, (b + 1) * VOCAB_BLOCK)])
-
-
-def _entropy_blocks(p):
-    n = p.shape[0]
-    nb = (n + VOCAB_BLOCK - 1) // VOCAB_BLOCK
-    per = VOCAB_BLOCK // _BLOCK
-    parts = np.zeros(nb * per, dtype=np.float64)
-    bads = np.zeros(nb * per, dtype=np.bool_)
-    for b in prange(nb):
-        for c in range(per):
-            b0 = b * VOCAB_BLOCK + c * _BLOCK
-            if b0 < n:
-                hb, bads[b * per + c] = _entropy_block(p[b0:min(n, b0 + _BLOCK)])
-                parts[b * per + c] = np.float64(hb)
-    h = 0.0
-    for c in range(nb * per):  # entropy's order
-        h += parts[c]
-    return h, not bads.any() and abs(h) < np.inf
-
-
-row_max_par = njit(parallel=True, **JIT)(_max_blocks)
-row_argmax_par = njit(parallel=True, **JIT)(_argmax_blocks)
-exp_sum_dot_par = njit(parallel=True, **JIT)(_exp_sum_dot_blocks)
-_exp_par = njit(parallel=True, **JIT)(_exp_blocks)
-entropy_par = njit(parallel=True, **JIT)(_entropy_blocks)
-
-
-@njit(**JIT)
-def exp_sum_par(row, m, t, out):
-    """:func:`exp_sum` with the exponentials in parallel blocks; the float64 sum is the same
-    serial pass as :func:`exp_sum`'s (so the total is bit-identical)."""
-    _exp_par(row, np.float32(m), np.float32(t), out)
-    return _sum64(out)
