@@ -5,9 +5,16 @@ Why it looks like this: every request walks its own path, but each step of every
 same few array operations, so one loop over *test steps* (at most ``N - 1``: a node is tested
 at most once, as a child of its one parent) runs all requests at once. A step tests each
 request's next child, then either descends into it or folds it into the residual and moves on
-to its next sibling. The loop count is known on the host (no host sync). The arithmetic is
-torch_eager's own (the first test at a node from the row's max and sum, the row loads, the
-two-level draw), so a chain gives exactly ``verify``'s answer on this backend.
+to its next sibling. The loop count is known on the host (no host sync); on CPU, where asking
+costs nothing, the loop also stops once every walk has ended. The arithmetic is torch_eager's
+own (the first test at a node from the row's max and sum, the row loads, the two-level draw),
+so a chain gives exactly ``verify``'s answer on this backend.
+
+Costs: on CPU only the rows on the walked paths are read (a row's statistics when a request
+enters its node, its residual at the node's first rejection, the draw's row at the end), and
+each step touches only the requests concerned (index arrays). On devices every row's
+statistics come from one up-front pass and the steps run under masks over the whole batch.
+Figures: docs/benchmarks.md ("Trees").
 """
 
 from __future__ import annotations
