@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -193,6 +194,36 @@ def test_info_lists_backends_with_reasons() -> None:
     assert all(s["reason"] for s in data["backends"].values())
     assert data["devices"][0]["device"] == "cpu"
     assert data["versions"]["torch"] == torch.__version__
+    assert data["numba"]["kernel_cache"]["state"] in ("warm", "partial", "cold", "unavailable")
+    if data["backends"]["numba:cpu"]["available"]:
+        assert data["numba"]["threading"]["layer"] in ("tbb", "omp", "workqueue")
+
+
+_CACHE_PROBE = """
+import json, numpy as np
+from portable_verify.bench import numba_runtime
+from portable_verify.backends import numba_kernels, numba_math
+before = numba_runtime.kernel_cache()
+compiled = sum(len(d.overloads) for m in (numba_kernels, numba_math)
+               for d in numba_runtime._cached_dispatchers(m).values())
+numba_math.row_max(np.zeros(3, np.float32))  # compiles (and caches) one kernel
+print(json.dumps({"before": before, "compiled": compiled, "after": numba_runtime.kernel_cache()}))
+"""
+
+
+def test_info_tells_a_cold_kernel_cache_from_a_cached_kernel(tmp_path: Path) -> None:
+    """An empty cache folder reads cold without compiling anything; one compiled kernel then
+    reads as cached (partial), so the check cannot pass by always saying one thing."""
+    pytest.importorskip("numba")
+    proc = subprocess.run([sys.executable, "-c", _CACHE_PROBE], capture_output=True, text=True,
+                          timeout=300, check=True,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert data["compiled"] == 0  # reading the cache compiled nothing
+    before, after = data["before"], data["after"]
+    assert before["state"] == "cold" and set(before["kernels"].values()) == {0}
+    assert before["cache_dirs"] and before["cache_dirs"][0].startswith(str(tmp_path))
+    assert after["state"] == "partial" and after["kernels"]["numba_math.row_max"] == 1
 
 
 def test_two_level_draw_matches_the_plain_scan() -> None:
