@@ -202,16 +202,22 @@ def test_bench_cli_thread_sweep_reports_speedups_beside_amax(tmp_path: Path) -> 
         t, r = c["times_ms"], c["ratios"]
         one = cells[(backend, variant, 1)]
         assert t["amax"] > 0 and r["x_amax"] == pytest.approx(t["verify"] / t["amax"])
+        assert c["threads_base"] == 1
+        if count == 1:  # nothing compared at the base count itself
+            assert r["thread_speedup"] is r["thread_scaling_vs_amax"] is None
+            continue
         assert r["thread_speedup"] == pytest.approx(one["times_ms"]["verify"] / t["verify"])
         assert r["amax_thread_speedup"] == pytest.approx(one["times_ms"]["amax"] / t["amax"])
         assert r["thread_scaling_vs_amax"] == pytest.approx(
             r["thread_speedup"] / r["amax_thread_speedup"])
+    for (backend, variant, count), c in cells.items():
+        r = c["ratios"]
         torch_cell = cells[("torch:cpu", variant, count)]
         if backend == "torch:cpu":
             assert r["speedup_vs_torch_backend"] is None
         else:
             assert r["speedup_vs_torch_backend"] == pytest.approx(
-                torch_cell["times_ms"]["verify"] / t["verify"])
+                torch_cell["times_ms"]["verify"] / c["times_ms"]["verify"])
     rows = list(csv.DictReader(out["csv"].open()))
     assert sorted(r["threads"] for r in rows) == sorted(str(c["threads"]) for c in cells.values())
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -251,10 +257,12 @@ def test_thread_counts_parse_and_bad_counts_are_refused(capsys: pytest.CaptureFi
 
 def test_thread_targets_apply_at_two_threads_only() -> None:
     cell = {"device": "cpu", "dtype": "float32", "B": 256, "K": 3, "V": 32000, "threads": 2,
-            "variant": "greedy/logits",
+            "threads_base": 1, "variant": "greedy/logits",
             "ratios": {"thread_scaling_vs_amax": 0.9, "speedup_vs_torch_backend": 0.8}}
     got = {t["metric"]: t["met"] for t in targets.evaluate(cell)}
     assert got == {"thread_scaling_vs_amax": True, "speedup_vs_torch_backend": False}
+    cell["threads_base"] = 2  # a sweep from 2 threads says nothing about scaling from 1
+    assert [t["metric"] for t in targets.evaluate(cell)] == ["speedup_vs_torch_backend"]
     cell["threads"] = 1
     assert targets.evaluate(cell) == []
 

@@ -127,10 +127,12 @@ def _spread(t: Timing, clock: str) -> dict[str, float]:
 
 def _thread_ratios(ms: dict[str, float], name: str, count: int, base: int,
                    backends: list[str]) -> dict[str, float | None]:
-    """Speed-ups over the sweep's first count, and against the torch backend at this count."""
+    """Speed-ups over the sweep's first count (None at the first count itself: nothing was
+    compared), and against the torch backend at this count."""
     ours, amax = ms[f"verify:{name}@{count}"], ms[f"amax@{count}"]
-    thread_speedup = _ratio(ms[f"verify:{name}@{base}"], ours)
-    amax_speedup = _ratio(ms[f"amax@{base}"], amax)
+    compared = count != base
+    thread_speedup = _ratio(ms[f"verify:{name}@{base}"], ours) if compared else None
+    amax_speedup = _ratio(ms[f"amax@{base}"], amax) if compared else None
     torch_name = next((b for b in backends if b.startswith("torch:") and b != name), None)
     return {
         "x_amax": _ratio(ours, amax),
@@ -160,6 +162,7 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
             timing = timings[f"verify:{name}{at}"]
             cell: dict[str, Any] = {
                 "device": str(m.device), "backend": name, "dtype": m.dtype, "threads": count,
+                "threads_base": counts[0],
                 "B": b, "K": k, "V": v, "variant": m.variant.label, "method": m.variant.method,
                 "inputs": m.variant.inputs, "temperature": m.variant.temperature,
                 "times_ms": {
