@@ -3,31 +3,37 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import torch
-from scipy import stats
 
 import portable_verify as pv
 from portable_verify.backends import torch_eager
-from portable_verify.bench import targets
+from portable_verify.bench import numba_runtime, targets
+from portable_verify.bench import threads as bench_threads
 from portable_verify.bench.dense import dense_verify
+from portable_verify.bench.harness import measure
+from portable_verify.testing.stats.chi_square import FitResult, chi_square_fit, power_against
 
-# Chi-square tests below use a false-alarm rate of 1e-3 per test with fixed seeds, so a
-# correct sampler passes deterministically here; power is stated per test.
+# Chi-square tests below: false-alarm rate ALPHA = 1e-3 per test with fixed seeds, so a correct
+# sampler passes deterministically here; each test states its power against a named wrong
+# answer, computes it (testing/stats/chi_square.power_against) and runs that wrong answer
+# through the same test as a negative control that must fail.
 ALPHA = 1e-3
 
 
-def _chi2_pvalue(samples: torch.Tensor, probs: torch.Tensor) -> float:
-    counts = torch.bincount(samples, minlength=probs.numel()).double()
-    expected = probs.double() / probs.double().sum() * samples.numel()
-    keep = expected > 0
-    if counts[~keep].sum() > 0:
-        return 0.0  # a zero-probability token was emitted
-    return float(stats.chisquare(counts[keep], expected[keep]).pvalue)
+def _fit(samples: torch.Tensor, probs: torch.Tensor) -> FitResult:
+    counts = torch.bincount(samples, minlength=probs.numel()).double().numpy()
+    return chi_square_fit("tokens", counts, probs.double().numpy(), ALPHA)
+
+
+def _power(probs: torch.Tensor, wrong: torch.Tensor, n: int) -> float:
+    return power_against(probs.double().numpy(), wrong.double().numpy(), n, ALPHA)
 
 
 def test_dense_greedy_equals_reference() -> None:
@@ -59,8 +65,11 @@ def test_dense_typical_decisions_match_reference() -> None:
 
 
 def test_dense_rejection_emits_the_target_distribution() -> None:
-    """First emitted token ~ p_0 exactly. N = 40000 draws, V = 5: a sampler that returned the
-    draft distribution instead (total variation 0.3 here) is rejected with power ~1."""
+    """First emitted token ~ p_0 exactly, and the bonus ~ p_1 at temperature 0.7. N = 40000
+    draws, V = 5 (one token impossible) and V = 3. Power (computed, >= 0.999 each): against
+    the draft distribution q instead of p (total variation 0.3), and against the bonus drawn
+    untempered (T = 1 instead of 0.7, total variation 0.074); both wrong answers are run
+    through the same test and must fail."""
     g = torch.Generator().manual_seed(11)
     n = 40000
     p = torch.tensor([0.4, 0.3, 0.2, 0.1, 0.0])
@@ -68,16 +77,24 @@ def test_dense_rejection_emits_the_target_distribution() -> None:
     drafts = torch.multinomial(q, n, replacement=True, generator=g).view(n, 1)
     target = torch.stack([p, p]).expand(n, 2, 5)
     out = dense_verify(drafts, target_probs=target, draft_probs=q.expand(n, 1, 5), generator=g)
-    assert _chi2_pvalue(out[:, 0], p) > ALPHA
-    assert _chi2_pvalue(drafts[:, 0], p) < ALPHA  # negative control: the raw drafts fail
+    assert _fit(out[:, 0], p).passed
+    assert _power(p, q, n) > 0.999
+    assert not _fit(drafts[:, 0], p).passed  # negative control: the raw drafts fail
     # The bonus: with q == p every draft is accepted, so position 1 is a pure draw from p_1.
     logits = torch.log(torch.tensor([0.5, 0.25, 0.25]))
     p1 = torch.softmax(logits / 0.7, -1)
+    untempered = torch.softmax(logits, -1)
     drafts = torch.multinomial(p1, n, replacement=True, generator=g).view(n, 1)
     out = dense_verify(drafts, target_logits=logits.expand(n, 2, 3), temperature=0.7,
                        draft_probs=p1.expand(n, 1, 3), generator=g)
     assert (out[:, 0] == drafts[:, 0]).all()
-    assert _chi2_pvalue(out[:, 1], p1) > ALPHA
+    assert _fit(out[:, 1], p1).passed
+    assert _power(p1, untempered, n) > 0.999
+    wrong = dense_verify(drafts, target_logits=logits.expand(n, 2, 3), temperature=1.0,
+                         draft_probs=p1.expand(n, 1, 3), generator=g)
+    # Negative control: at T = 1 the first token follows the untempered law; the test of p1
+    # must reject it.
+    assert not _fit(wrong[:, 0], p1).passed
 
 
 @pytest.mark.parametrize("tile", [1, 7, 1 << 16])
@@ -163,6 +180,93 @@ def test_bench_cli_writes_every_figure(tmp_path: Path) -> None:
     assert out["md"].read_text().count("| cpu/") == len(cells)
 
 
+def test_bench_cli_thread_sweep_reports_speedups_beside_amax(tmp_path: Path) -> None:
+    import csv
+
+    out = {name: tmp_path / f"r.{name}" for name in ("json", "csv", "png", "md")}
+    threads_before = torch.get_num_threads()
+    env_before = os.environ.get(numba_runtime.THREADS_ENV)
+    rc = _bench_cli(["--shapes", "2,2,300", "--variants", "greedy/logits,rejection/probs",
+                     "--backend", "auto", "--backend", "torch:cpu", "--threads", "2,1",
+                     "--repetitions", "1", "--json", str(out["json"]), "--csv", str(out["csv"]),
+                     "--plot", str(out["png"]), "--markdown", str(out["md"])])
+    assert rc == 0
+    assert torch.get_num_threads() == threads_before  # the caller's pools are restored
+    assert os.environ.get(numba_runtime.THREADS_ENV) == env_before
+    data = json.loads(out["json"].read_text())
+    assert data["meta"]["thread_counts"] == [1, 2]
+    cells = {(c["backend"], c["variant"], c["threads"]): c for c in data["cells"]}
+    backends = {c["backend"] for c in data["cells"]}
+    assert "torch:cpu" in backends and len(cells) == len(backends) * 2 * 2
+    for (backend, variant, count), c in cells.items():
+        t, r = c["times_ms"], c["ratios"]
+        one = cells[(backend, variant, 1)]
+        assert t["amax"] > 0 and r["x_amax"] == pytest.approx(t["verify"] / t["amax"])
+        assert c["threads_base"] == 1
+        if count == 1:  # nothing compared at the base count itself
+            assert r["thread_speedup"] is r["thread_scaling_vs_amax"] is None
+            continue
+        assert r["thread_speedup"] == pytest.approx(one["times_ms"]["verify"] / t["verify"])
+        assert r["amax_thread_speedup"] == pytest.approx(one["times_ms"]["amax"] / t["amax"])
+        assert r["thread_scaling_vs_amax"] == pytest.approx(
+            r["thread_speedup"] / r["amax_thread_speedup"])
+    for (backend, variant, count), c in cells.items():
+        r = c["ratios"]
+        torch_cell = cells[("torch:cpu", variant, count)]
+        if backend == "torch:cpu":
+            assert r["speedup_vs_torch_backend"] is None
+        else:
+            assert r["speedup_vs_torch_backend"] == pytest.approx(
+                torch_cell["times_ms"]["verify"] / c["times_ms"]["verify"])
+    rows = list(csv.DictReader(out["csv"].open()))
+    assert sorted(r["threads"] for r in rows) == sorted(str(c["threads"]) for c in cells.values())
+    assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = out["md"].read_text()
+    assert "torch.amax x faster than at 1" in md and md.count("| cpu/") == 2 * len(cells)
+
+
+def test_each_sweep_contender_runs_at_its_own_thread_count() -> None:
+    """The harness sets each contender's count before each of its blocks, and the counts
+    interleave within a repetition (so load bursts hit every count)."""
+    seen: list[tuple[str, int, str | None]] = []
+
+    def recorder(label: str) -> Callable[[], None]:
+        return lambda: seen.append((label, torch.get_num_threads(),
+                                    os.environ.get(numba_runtime.THREADS_ENV)))
+
+    contenders = {f"x@{n}": recorder(f"x@{n}") for n in (1, 2)}
+    setups = {f"x@{n}": (lambda n=n: bench_threads.apply(n)) for n in (1, 2)}
+    with bench_threads.restored():
+        measure(contenders, torch.device("cpu"), repetitions=4, warmup=1, min_block_s=0.0,
+                setups=setups)
+    assert {(label, n, env) for label, n, env in seen} == {("x@1", 1, "1"), ("x@2", 2, "2")}
+    timed = [label for label, _, _ in seen[2 + 2:]]  # after each one's warm-up and calibration
+    assert timed[:4] == ["x@1", "x@2", "x@2", "x@1"]  # rotated order, both in each repetition
+
+
+def test_thread_counts_parse_and_bad_counts_are_refused(capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    assert bench_threads.parse_counts("2, 1,2") == (1, 2)
+    assert bench_threads.parse_counts("4") == (4,)
+    for bad in ("0", "1,x", "", "-1"):
+        with pytest.raises(ValueError, match="--threads"):
+            bench_threads.parse_counts(bad)
+    assert _bench_cli(["--threads", "0,2"]) == 2
+    assert "--threads" in capsys.readouterr().err
+
+
+def test_thread_targets_apply_at_two_threads_only() -> None:
+    cell = {"device": "cpu", "dtype": "float32", "B": 256, "K": 3, "V": 32000, "threads": 2,
+            "threads_base": 1, "variant": "greedy/logits",
+            "ratios": {"thread_scaling_vs_amax": 0.9, "speedup_vs_torch_backend": 0.8}}
+    got = {t["metric"]: t["met"] for t in targets.evaluate(cell)}
+    assert got == {"thread_scaling_vs_amax": True, "speedup_vs_torch_backend": False}
+    cell["threads_base"] = 2  # a sweep from 2 threads says nothing about scaling from 1
+    assert [t["metric"] for t in targets.evaluate(cell)] == ["speedup_vs_torch_backend"]
+    cell["threads"] = 1
+    assert targets.evaluate(cell) == []
+
+
 def test_targets_flag_met_and_missed() -> None:
     cell = {"device": "cpu", "dtype": "float32", "B": 32, "K": 4, "V": 32000,
             "variant": "greedy/logits", "ratios": {"x_floor": 1.4}}
@@ -193,6 +297,36 @@ def test_info_lists_backends_with_reasons() -> None:
     assert all(s["reason"] for s in data["backends"].values())
     assert data["devices"][0]["device"] == "cpu"
     assert data["versions"]["torch"] == torch.__version__
+    assert data["numba"]["kernel_cache"]["state"] in ("warm", "partial", "cold", "unavailable")
+    if data["backends"]["numba:cpu"]["available"]:
+        assert data["numba"]["threading"]["layer"] in ("tbb", "omp", "workqueue")
+
+
+_CACHE_PROBE = """
+import json, numpy as np
+from portable_verify.bench import numba_runtime
+from portable_verify.backends import numba_kernels, numba_math
+before = numba_runtime.kernel_cache()
+compiled = sum(len(d.overloads) for m in (numba_kernels, numba_math)
+               for d in numba_runtime._cached_dispatchers(m).values())
+numba_math.row_max(np.zeros(3, np.float32))  # compiles (and caches) one kernel
+print(json.dumps({"before": before, "compiled": compiled, "after": numba_runtime.kernel_cache()}))
+"""
+
+
+def test_info_tells_a_cold_kernel_cache_from_a_cached_kernel(tmp_path: Path) -> None:
+    """An empty cache folder reads cold without compiling anything; one compiled kernel then
+    reads as cached (partial), so the check cannot pass by always saying one thing."""
+    pytest.importorskip("numba")
+    proc = subprocess.run([sys.executable, "-c", _CACHE_PROBE], capture_output=True, text=True,
+                          timeout=300, check=True,
+                          env={**os.environ, "NUMBA_CACHE_DIR": str(tmp_path)})
+    data = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert data["compiled"] == 0  # reading the cache compiled nothing
+    before, after = data["before"], data["after"]
+    assert before["state"] == "cold" and set(before["kernels"].values()) == {0}
+    assert before["cache_dirs"] and before["cache_dirs"][0].startswith(str(tmp_path))
+    assert after["state"] == "partial" and after["kernels"]["numba_math.row_max"] == 1
 
 
 def test_two_level_draw_matches_the_plain_scan() -> None:
@@ -214,6 +348,8 @@ def test_two_level_draw_matches_the_plain_scan() -> None:
     assert alive[:100].all() and alive.sum() > 3900
     assert (w.gather(1, picked.unsqueeze(1)).squeeze(1)[alive] > 0).all()
     assert (picked != plain)[alive].float().mean() < 2e-3
+    shifted = picked.clamp(max=v_size - 2) + 1  # negative control: a pick one token off fails
+    assert (shifted != plain)[alive].float().mean() > 0.5
     assert torch.equal(picked[:20][alive[:20]], plain[:20][alive[:20]])  # v = 1: last positive
 
 

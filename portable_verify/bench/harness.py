@@ -57,6 +57,10 @@ def _time_block(fn: Callable[[], object], number: int,
     return (time.perf_counter() - t0) / number, (time.thread_time() - c0) / number
 
 
+def _nothing() -> None:
+    pass
+
+
 def measure(
     contenders: dict[str, Callable[[], object]],
     device: torch.device,
@@ -64,17 +68,22 @@ def measure(
     repetitions: int = 7,
     warmup: int = 1,
     min_block_s: float = 0.02,
+    setups: dict[str, Callable[[], None]] | None = None,
 ) -> dict[str, Timing]:
     """Median per-call time of every contender, interleaved within each repetition.
 
     Each contender runs ``warmup`` times first; its inner-loop count is then chosen so one
     timed block lasts at least ``min_block_s`` (short calls are otherwise dominated by timer
-    and Python overhead).
+    and Python overhead). ``setups[name]``, when given, runs untimed before each of that
+    contender's blocks (e.g. its thread count), so contenders with different settings still
+    interleave.
     """
     if repetitions < 1:
         raise ValueError(f"repetitions must be >= 1, got {repetitions}")
+    setups = setups or {}
     numbers: dict[str, int] = {}
     for name, fn in contenders.items():
+        setups.get(name, _nothing)()
         for _ in range(max(warmup, 0)):
             fn()
         once = _time_block(fn, 1, device)[0]
@@ -85,6 +94,7 @@ def measure(
     for rep in range(repetitions):
         shift = rep % len(names)
         for name in names[shift:] + names[:shift]:
+            setups.get(name, _nothing)()
             w, c = _time_block(contenders[name], numbers[name], device)
             wall[name].append(w)
             cpu[name].append(c)

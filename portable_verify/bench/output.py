@@ -1,4 +1,5 @@
-"""Result output: the rich table, JSON and CSV files, and the time-versus-batch plot."""
+"""Result output: the rich table, JSON and CSV files, and the time-versus-batch (or, for a
+thread sweep, time-versus-threads) plot."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-TIME_KEYS = ("verify", "dense", "floor", "argmax", "hf", "vllm_v0_typical", "verify_validated",
-             "verify_validated_full", "rejection_same_inputs")
+TIME_KEYS = ("verify", "dense", "floor", "argmax", "amax", "hf", "vllm_v0_typical",
+             "verify_validated", "verify_validated_full", "rejection_same_inputs")
 RATIO_KEYS = ("speedup_vs_dense", "x_floor", "x_argmax", "speedup_vs_argmax", "speedup_vs_hf",
               "speedup_vs_vllm_typical", "validation_overhead", "validation_full_overhead",
-              "x_rejection")
+              "x_rejection", "x_amax", "thread_speedup", "amax_thread_speedup",
+              "thread_scaling_vs_amax", "speedup_vs_torch_backend")
 
 
 def write_json(path: str | Path, meta: dict[str, Any], cells: list[dict[str, Any]]) -> None:
@@ -27,7 +29,7 @@ def flat_row(cell: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
     row.update({k: cell["ratios"].get(k) for k in RATIO_KEYS})
     row["targets"] = "; ".join(f"{t['target']}: {'met' if t['met'] else 'MISSED'}"
                                for t in cell["targets"])
-    row["threads"] = meta["threads"]
+    row["threads"] = cell.get("threads", meta["threads"])
     row["cpu"] = meta["machine"]["cpu"]
     row["cpu_flags"] = " ".join(meta["machine"].get("cpu_flags", []))
     row["versions"] = " ".join(f"{k}={v}" for k, v in meta["versions"].items() if v)
@@ -61,12 +63,13 @@ def write_markdown(path: str | Path, meta: dict[str, Any], cells: list[dict[str,
         f"thread(s), torch {meta['versions']['torch']}, {meta['timestamp']}; medians of "
         f"{meta['repetitions']} interleaved repetitions, {meta['clock']} clock.",
         "",
-        "| backend | dtype | B,K,V | variant | ours ms | spread ms | x faster than dense "
+        "| backend | threads | dtype | B,K,V | variant | ours ms | spread ms "
+        "| x faster than dense "
         "| x floor | x argmax | x faster than HF | x faster than vLLM v0 typical "
         "| validation cost | full validation cost | x rejection (same inputs) "
         "| acceptance per position | targets "
         f"| {other} clock: x dense, x floor |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for c in cells:
         t, r, o = c["times_ms"], c["ratios"], c["other_clock_times_ms"]
@@ -74,7 +77,8 @@ def write_markdown(path: str | Path, meta: dict[str, Any], cells: list[dict[str,
                           for x in c["targets"]) or "-"
         spread = c.get("spread_ms", {})
         lines.append(
-            f"| {c['device']}/{c['backend']} | {c['dtype']} | {c['B']},{c['K']},{c['V']} "
+            f"| {c['device']}/{c['backend']} | {c.get('threads', meta['threads'])} "
+            f"| {c['dtype']} | {c['B']},{c['K']},{c['V']} "
             f"| {c['variant']} | {_fmt(t['verify'], '.3f')} "
             f"| {_fmt(spread.get('min'), '.3f')}-{_fmt(spread.get('max'), '.3f')} "
             f"| {_fmt(r['speedup_vs_dense'], '.1f')} | {_fmt(r['x_floor'], '.2f')} "
@@ -85,6 +89,8 @@ def write_markdown(path: str | Path, meta: dict[str, Any], cells: list[dict[str,
             f"| {_fmt(r.get('x_rejection'), '.2f')} | {_acceptance(c)} "
             f"| {marks} | {o['dense'] / o['verify']:.1f}, {o['verify'] / o['floor']:.2f} |"
         )
+    if len(meta.get("thread_counts", [1])) > 1:
+        lines += ["", *_sweep_markdown(cells, meta)]
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
@@ -94,39 +100,85 @@ def _acceptance(cell: dict[str, Any]) -> str:
     return "/".join(f"{a:.2f}" for a in acc) if acc else "-"
 
 
+def _sweep_markdown(cells: list[dict[str, Any]], meta: dict[str, Any]) -> list[str]:
+    """The thread sweep: each cell's speed-up over the first count beside torch.amax's."""
+    base = meta["thread_counts"][0]
+    lines = [
+        f"| backend | dtype | B,K,V | variant | threads | ours ms | x faster than at {base} "
+        f"| torch.amax x faster than at {base} | our speed-up / amax's "
+        "| x faster than the torch backend |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for c in sorted(cells, key=_sweep_order):
+        r = c["ratios"]
+        lines.append(
+            f"| {c['device']}/{c['backend']} | {c['dtype']} | {c['B']},{c['K']},{c['V']} "
+            f"| {c['variant']} | {c['threads']} | {_fmt(c['times_ms']['verify'], '.3f')} "
+            f"| {_fmt(r.get('thread_speedup'), '.2f')} "
+            f"| {_fmt(r.get('amax_thread_speedup'), '.2f')} "
+            f"| {_fmt(r.get('thread_scaling_vs_amax'), '.2f')} "
+            f"| {_fmt(r.get('speedup_vs_torch_backend'), '.2f')} |")
+    return lines
+
+
+def _sweep_order(c: dict[str, Any]) -> tuple[Any, ...]:
+    return (c["device"], c["backend"], c["dtype"], c["B"], c["K"], c["V"], c["variant"],
+            c["threads"])
+
+
 def render_table(cells: list[dict[str, Any]], meta: dict[str, Any]) -> Any:
-    """A rich Table of the cells (imported lazily: rich is an optional extra)."""
+    """A rich Table of the cells (imported lazily: rich is an optional extra); columns this run
+    did not measure (only "-") are left out, so a sweep's columns fit."""
     from rich.table import Table
 
     title = (f"portable-verify bench: {meta['machine']['cpu']}, {meta['threads']} thread(s), "
              f"medians of {meta['repetitions']} interleaved repetitions "
              f"({meta['clock']} clock, ms per call)")
-    table = Table(title=title, title_justify="left")
-    for col in ("device/backend", "dtype", "B,K,V", "variant", "ours", "dense", "floor",
-                "vs dense", "x floor", "x argmax", "vs HF", "vs vLLM typ", "valid.", "full v.",
-                "x rej.", "accept/pos", "targets"):
-        table.add_column(col, justify="right" if col not in ("variant", "targets") else "left")
-    for c in cells:
+    sweep = len(meta.get("thread_counts", [1])) > 1
+    columns = ["device/backend", "thr", "dtype", "B,K,V", "variant", "ours", "dense", "floor",
+               "vs dense", "x floor", "x argmax", "vs HF", "vs vLLM typ", "valid.", "full v.",
+               "x rej.", "accept/pos",
+               *(("x 1st thr", "amax x 1st", "/ amax", "vs torch") if sweep else ()), "targets"]
+    rows = []
+    for c in sorted(cells, key=_sweep_order) if sweep else cells:
         t, r = c["times_ms"], c["ratios"]
         marks = " ".join("[green]met[/]" if x["met"] else "[red]MISSED[/]" for x in c["targets"])
-        table.add_row(
-            f"{c['device']}/{c['backend']}", c["dtype"], f"{c['B']},{c['K']},{c['V']}",
+        sweep_values = tuple(_fmt(r.get(key), ".2f") for key in (
+            "thread_speedup", "amax_thread_speedup", "thread_scaling_vs_amax",
+            "speedup_vs_torch_backend")) if sweep else ()
+        rows.append((
+            f"{c['device']}/{c['backend']}", str(c.get("threads", meta["threads"])), c["dtype"],
+            f"{c['B']},{c['K']},{c['V']}",
             c["variant"], _fmt(t["verify"], ".3f"), _fmt(t["dense"], ".2f"),
             _fmt(t["floor"], ".3f"), _fmt(r["speedup_vs_dense"], ".1f") + "x",
             _fmt(r["x_floor"], ".2f"), _fmt(r.get("x_argmax"), ".2f"),
             _fmt(r["speedup_vs_hf"], ".1f"), _fmt(r.get("speedup_vs_vllm_typical"), ".2f"),
             _fmt(r["validation_overhead"], ".2f"), _fmt(r.get("validation_full_overhead"), ".2f"),
-            _fmt(r.get("x_rejection"), ".2f"), _acceptance(c), marks,
-        )
+            _fmt(r.get("x_rejection"), ".2f"), _acceptance(c), *sweep_values, marks or "-",
+        ))
+    keep = [i for i, col in enumerate(columns)
+            if col in ("ours", "targets") or any(row[i] != "-" for row in rows)]
+    table = Table(title=title, title_justify="left")
+    for i in keep:
+        table.add_column(columns[i], justify="left" if columns[i] in ("variant", "targets")
+                         else "right")
+    for row in rows:
+        table.add_row(*(row[i] for i in keep))
     return table
 
 
 def plot(path: str | Path, cells: list[dict[str, Any]], meta: dict[str, Any]) -> None:
-    """Time per call against batch size: ours and dense per variant, and the floor (log-log)."""
+    """Time per call against batch size: ours and dense per variant, and the floor (log-log);
+    for a thread sweep, time per call against threads instead (:func:`plot_threads`)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
+    if len(meta.get("thread_counts", [1])) > 1:
+        plot_threads(path, cells, meta)
+        return
+    cells = [c for c in cells if c.get("threads", 1) == meta.get("thread_counts", [1])[0]]
 
     variants = sorted({c["variant"] for c in cells})
     series = sorted({(c["device"], c["backend"], c["dtype"]) for c in cells})
@@ -158,6 +210,45 @@ def plot(path: str | Path, cells: list[dict[str, Any]], meta: dict[str, Any]) ->
     fig.suptitle(f"{meta['machine']['cpu']}, {meta['threads']} thread(s), medians of "
                  f"{meta['repetitions']} interleaved repetitions, {meta['clock']} clock",
                  fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_threads(path: str | Path, cells: list[dict[str, Any]], meta: dict[str, Any]) -> None:
+    """Time per call against threads, one panel per shape: every backend and variant, and
+    ``torch.amax`` over the same target (dotted: how a memory-bound reduction scales)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    shapes = sorted({(c["B"], c["K"], c["V"]) for c in cells})
+    counts = meta["thread_counts"]
+    fig, axes = plt.subplots(1, len(shapes), figsize=(4.6 * len(shapes), 4.4), squeeze=False)
+    for ax, shape in zip(axes[0], shapes, strict=True):
+        here = [c for c in cells if (c["B"], c["K"], c["V"]) == shape]
+        for series in sorted({(c["device"], c["backend"], c["dtype"], c["variant"])
+                              for c in here}):
+            sel = sorted((c for c in here if (c["device"], c["backend"], c["dtype"],
+                                              c["variant"]) == series),
+                         key=lambda c: c["threads"])
+            ax.plot([c["threads"] for c in sel], [c["times_ms"]["verify"] for c in sel], "o-",
+                    label=f"{series[1]} {series[3]}" + ("" if series[2] == "float32"
+                                                          else f" {series[2]}"))
+        amax = sorted((c for c in here if c["variant"] == here[0]["variant"]
+                       and c["backend"] == here[0]["backend"]), key=lambda c: c["threads"])
+        ax.plot([c["threads"] for c in amax], [c["times_ms"]["amax"] for c in amax], "k:",
+                label="torch.amax (same target)")
+        ax.set_xticks(counts)
+        ax.set_yscale("log")
+        ax.set_title(f"B={shape[0]}, K={shape[1]}, V={shape[2]}", fontsize=9)
+        ax.set_xlabel("threads")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=6)
+    axes[0][0].set_ylabel("ms per call (median)")
+    fig.suptitle(f"{meta['machine']['cpu']}, threads {counts} interleaved, medians of "
+                 f"{meta['repetitions']} repetitions, {meta['clock']} clock", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -2,10 +2,17 @@
 
 One *measurement* is one (device, dtype, shape, variant); inside it every contender is timed
 interleaved (see :mod:`portable_verify.bench.harness`): each requested backend, the dense
-baseline, the memory-read floor, a plain ``torch.argmax`` over the target, HF's verifier (batch
-1, rejection), vLLM v0's typical sampler (typical) and, optionally, our verifier with validation
-on (``validate=True``; with ``"full"`` also ``validate="full"``). One result row ("cell") is then
-reported per backend, with the ratios the issue asks for.
+baseline, the memory-read floor, a plain ``torch.argmax`` and ``torch.amax`` over the target,
+HF's verifier (batch 1, rejection), vLLM v0's typical sampler (typical) and, optionally, our
+verifier with validation on (``validate=True``; with ``"full"`` also ``validate="full"``). One
+result row ("cell") is then reported per backend and thread count, with the ratios the issues
+ask for.
+
+A thread sweep (``threads=(1, 2, ...)``) times every contender at every count inside the same
+interleaved repetitions (:mod:`portable_verify.bench.threads` sets the count before each block),
+so a burst of load hits all counts alike; each cell then reports its speed-up over the first
+count, beside ``torch.amax``'s over the same target (a memory-bound reduction that scales
+with threads: the reference for how much a second thread can give).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from typing import Any
 import torch
 
 import portable_verify as pv
-from portable_verify.bench import environment, floor, peers, targets
+from portable_verify.bench import environment, floor, numba_runtime, peers, targets, threads
 from portable_verify.bench.cases import VARIANTS, CaseInputs, Shape, Variant, make_inputs
 from portable_verify.bench.dense import dense_verify
 from portable_verify.bench.harness import Timing, measure
@@ -40,7 +47,7 @@ class BenchConfig:
     warmup: int = 1
     min_block_s: float = 0.02
     validation: bool | str = False  # False, True (validate=True) or "full" (both levels)
-    threads: int = 1
+    threads: tuple[int, ...] = (1,)  # ascending; a sweep when more than one
     clock: str = "wall"  # "wall" or "cpu" (thread CPU time; one-thread CPU runs only)
 
 
@@ -106,6 +113,7 @@ def _contenders(m: Measurement, inputs: CaseInputs, backends: list[str],
     parts = floor.must_read(inputs, m.variant)
     floor_impl, contenders["floor"] = floor.floor_callable(parts)
     contenders["argmax"] = lambda: torch.argmax(inputs.target, dim=-1)
+    contenders["amax"] = lambda: torch.amax(inputs.target, dim=-1)
     hf = peers.hf_callable(inputs, m.variant) if peers.hf_status().available else None
     if hf is not None:
         contenders["hf"] = hf
@@ -127,69 +135,102 @@ def _spread(t: Timing, clock: str) -> dict[str, float]:
     return {"min": low * 1e3, "max": high * 1e3}
 
 
+def _thread_ratios(ms: dict[str, float], name: str, count: int, base: int,
+                   backends: list[str]) -> dict[str, float | None]:
+    """Speed-ups over the sweep's first count (None at the first count itself: nothing was
+    compared), and against the torch backend at this count."""
+    ours, amax = ms[f"verify:{name}@{count}"], ms[f"amax@{count}"]
+    compared = count != base
+    thread_speedup = _ratio(ms[f"verify:{name}@{base}"], ours) if compared else None
+    amax_speedup = _ratio(ms[f"amax@{base}"], amax) if compared else None
+    torch_name = next((b for b in backends if b.startswith("torch:") and b != name), None)
+    return {
+        "x_amax": _ratio(ours, amax),
+        "thread_speedup": thread_speedup,
+        "amax_thread_speedup": amax_speedup,
+        "thread_scaling_vs_amax": _ratio(thread_speedup, amax_speedup),
+        "speedup_vs_torch_backend": (_ratio(ms[f"verify:{torch_name}@{count}"], ours)
+                                     if torch_name else None),
+    }
+
+
 def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
-           info: dict[str, Any], clock: str) -> list[dict[str, Any]]:
-    """Result rows; times and ratios use ``clock``, the other clock's times are kept too."""
+           info: dict[str, Any], clock: str, counts: tuple[int, ...]) -> list[dict[str, Any]]:
+    """Result rows, one per (thread count, backend); times and ratios use ``clock``, the other
+    clock's times are kept too. ``timings`` is keyed ``contender@count``."""
     wall = {name: t.median_s * 1e3 for name, t in timings.items()}
     cpu = {name: t.cpu_median_s * 1e3 for name, t in timings.items()}
-    ms, other = (cpu, wall) if clock == "cpu" else (wall, cpu)
+    all_ms, all_other = (cpu, wall) if clock == "cpu" else (wall, cpu)
     b, k, v = m.shape
     cells = []
-    for name in backends:
-        t = ms[f"verify:{name}"]
-        cell: dict[str, Any] = {
-            "device": str(m.device), "backend": name, "dtype": m.dtype,
-            "B": b, "K": k, "V": v, "variant": m.variant.label, "method": m.variant.method,
-            "inputs": m.variant.inputs, "temperature": m.variant.temperature,
-            "times_ms": {
-                "verify": t, "dense": ms["dense"], "floor": ms["floor"],
-                "argmax": ms.get("argmax"), "hf": ms.get("hf"),
-                "vllm_v0_typical": ms.get("vllm_v0_typical"),
-                "verify_validated": ms.get("validate") if name == backends[0] else None,
-                "verify_validated_full": (ms.get("validate_full") if name == backends[0]
-                                          else None),
-                "rejection_same_inputs": ms.get("rejection_same_inputs"),
-            },
-            "clock": clock,
-            "other_clock_times_ms": {"verify": other[f"verify:{name}"], "dense": other["dense"],
-                                     "floor": other["floor"]},
-            "wall_spread_ms": {"min": timings[f"verify:{name}"].min_s * 1e3,
-                               "max": timings[f"verify:{name}"].max_s * 1e3},
-            "spread_ms": _spread(timings[f"verify:{name}"], clock),
-            "repetitions": timings[f"verify:{name}"].repetitions,
-            "floor_impl": info["floor_impl"],
-            "floor_bytes": info["floor_bytes"],
-            "floor_GBps": info["floor_bytes"] / (ms["floor"] * 1e-3) / 1e9,
-            "acceptance_per_position": info["acceptance"],
-        }
-        cell["ratios"] = {
-            "speedup_vs_dense": _ratio(ms["dense"], t),
-            "x_floor": _ratio(t, ms["floor"]),
-            "x_argmax": _ratio(t, ms["argmax"]),
-            "speedup_vs_argmax": (_ratio(ms["argmax"], t) if m.variant.method == "greedy"
-                                  else None),
-            "speedup_vs_hf": _ratio(ms.get("hf"), t),
-            "speedup_vs_vllm_typical": _ratio(ms.get("vllm_v0_typical"), t),
-            "validation_overhead": _ratio(cell["times_ms"]["verify_validated"], t),
-            "validation_full_overhead": _ratio(cell["times_ms"]["verify_validated_full"], t),
-            "x_rejection": _ratio(t, ms.get("rejection_same_inputs")),
-        }
-        cell["targets"] = targets.evaluate(cell)
-        cells.append(cell)
+    for count in counts:
+        at = f"@{count}"
+        ms = {key[: -len(at)]: x for key, x in all_ms.items() if key.endswith(at)}
+        other = {key[: -len(at)]: x for key, x in all_other.items() if key.endswith(at)}
+        for name in backends:
+            t = ms[f"verify:{name}"]
+            timing = timings[f"verify:{name}{at}"]
+            cell: dict[str, Any] = {
+                "device": str(m.device), "backend": name, "dtype": m.dtype, "threads": count,
+                "threads_base": counts[0],
+                "B": b, "K": k, "V": v, "variant": m.variant.label, "method": m.variant.method,
+                "inputs": m.variant.inputs, "temperature": m.variant.temperature,
+                "times_ms": {
+                    "verify": t, "dense": ms["dense"], "floor": ms["floor"],
+                    "argmax": ms.get("argmax"), "amax": ms.get("amax"), "hf": ms.get("hf"),
+                    "vllm_v0_typical": ms.get("vllm_v0_typical"),
+                    "verify_validated": ms.get("validate") if name == backends[0] else None,
+                    "verify_validated_full": (ms.get("validate_full") if name == backends[0]
+                                              else None),
+                    "rejection_same_inputs": ms.get("rejection_same_inputs"),
+                },
+                "clock": clock,
+                "other_clock_times_ms": {"verify": other[f"verify:{name}"],
+                                         "dense": other["dense"], "floor": other["floor"]},
+                "wall_spread_ms": {"min": timing.min_s * 1e3, "max": timing.max_s * 1e3},
+                "spread_ms": _spread(timing, clock),
+                "repetitions": timing.repetitions,
+                "floor_impl": info["floor_impl"],
+                "floor_bytes": info["floor_bytes"],
+                "floor_GBps": info["floor_bytes"] / (ms["floor"] * 1e-3) / 1e9,
+                "acceptance_per_position": info["acceptance"],
+            }
+            cell["ratios"] = {
+                "speedup_vs_dense": _ratio(ms["dense"], t),
+                "x_floor": _ratio(t, ms["floor"]),
+                "x_argmax": _ratio(t, ms["argmax"]),
+                "speedup_vs_argmax": (_ratio(ms["argmax"], t) if m.variant.method == "greedy"
+                                      else None),
+                "speedup_vs_hf": _ratio(ms.get("hf"), t),
+                "speedup_vs_vllm_typical": _ratio(ms.get("vllm_v0_typical"), t),
+                "validation_overhead": _ratio(cell["times_ms"]["verify_validated"], t),
+                "validation_full_overhead": _ratio(cell["times_ms"]["verify_validated_full"], t),
+                "x_rejection": _ratio(t, ms.get("rejection_same_inputs")),
+                **_thread_ratios(all_ms, name, count, counts[0], backends),
+            }
+            cell["targets"] = targets.evaluate(cell)
+            cells.append(cell)
     return cells
 
 
 def run(config: BenchConfig) -> Iterator[tuple[Measurement, list[dict[str, Any]]]]:
-    """Yield ``(measurement, cells)`` one measurement at a time (for a progress bar)."""
+    """Yield ``(measurement, cells)`` one measurement at a time (for a progress bar); the
+    thread counts of the caller's pools are restored at the end."""
     backends_by_device = {d: resolve_backends(config.backends, d) for d in config.devices}
-    for m in plan(config):
-        inputs = make_inputs(m.shape, m.variant, DTYPES[m.dtype], m.device)
-        backends = backends_by_device[m.device]
-        contenders, info = _contenders(m, inputs, backends, config.validation)
-        timings = measure(contenders, m.device, repetitions=config.repetitions,
-                          warmup=config.warmup, min_block_s=config.min_block_s)
-        yield m, _cells(m, backends, timings, info, config.clock)
-        del inputs, contenders
+    with threads.restored():
+        for m in plan(config):
+            inputs = make_inputs(m.shape, m.variant, DTYPES[m.dtype], m.device)
+            backends = backends_by_device[m.device]
+            base, info = _contenders(m, inputs, backends, config.validation)
+            contenders = {f"{name}@{count}": fn for count in config.threads
+                          for name, fn in base.items()}
+            setups = {f"{name}@{count}": (lambda count=count: threads.apply(count))
+                      for count in config.threads for name in base}
+            timings = measure(contenders, m.device, repetitions=config.repetitions,
+                              warmup=config.warmup, min_block_s=config.min_block_s,
+                              setups=setups)
+            yield m, _cells(m, backends, timings, info, config.clock, config.threads)
+            del inputs, contenders, base
 
 
 def metadata(config: BenchConfig, argv: list[str] | None) -> dict[str, Any]:
@@ -202,10 +243,13 @@ def metadata(config: BenchConfig, argv: list[str] | None) -> dict[str, Any]:
         "devices": [str(d) for d in config.devices],
         "device_names": environment.devices(),
         "versions": environment.library_versions(),
-        "threads": torch.get_num_threads(),
+        "threads": config.threads[0] if len(config.threads) == 1 else list(config.threads),
+        "thread_counts": list(config.threads),
+        "numba_threading": numba_runtime.threading() if "numba" in sys.modules else None,
         "repetitions": config.repetitions,
         "clock": config.clock,
         "dtypes": list(config.dtypes),
         "peers": {hf.name: {"available": hf.available, "detail": hf.detail}},
-        "targets_note": "targets apply to CPU float32 at 1 thread; ratios are side by side",
+        "targets_note": "targets apply to CPU float32 at 1 thread (thread-scaling targets at "
+                        "2 threads); ratios are side by side",
     }

@@ -27,7 +27,11 @@ def add_parser(subparsers: Any) -> None:
                    help="input dtype (repeatable); default float32")
     p.add_argument("--half", action="store_true", help="also run bfloat16 and float16 inputs")
     p.add_argument("--repetitions", type=int, help="interleaved repetitions (default 7; 3 quick)")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.add_argument("--threads", default="1",
+                   help="CPU thread count, or a comma list for a sweep in one run (e.g. 1,2): "
+                   "every count is timed inside the same interleaved repetitions and each cell "
+                   "reports its speed-up over the first count beside torch.amax's (default 1; "
+                   "sets torch's threads and PORTABLE_VERIFY_NUM_THREADS)"),
     p.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                    help="time by wall clock (default) or by this thread's CPU time, which "
                    "discounts waiting for a core on a shared CPU (one-thread CPU runs only)")
@@ -37,7 +41,8 @@ def add_parser(subparsers: Any) -> None:
     add_json_option(p, "every figure and the context")
     p.add_argument("--csv", metavar="PATH", help="write one row per cell as CSV")
     p.add_argument("--markdown", metavar="PATH", help="write the ratios as a Markdown table")
-    p.add_argument("--plot", metavar="PNG", help="plot time per call against batch size")
+    p.add_argument("--plot", metavar="PNG", help="plot time per call against batch size "
+                   "(against threads for a sweep)")
     p.set_defaults(func=run)
 
 
@@ -47,9 +52,9 @@ def _config(args: argparse.Namespace) -> Any:
     from portable_verify.bench.cases import FULL_SHAPES, QUICK_SHAPES, VARIANTS, parse_shapes
     from portable_verify.bench.environment import default_device
     from portable_verify.bench.run import BenchConfig
+    from portable_verify.bench.threads import parse_counts
 
-    if args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    counts = parse_counts(args.threads)
     shapes = parse_shapes(args.shapes) if args.shapes else (QUICK_SHAPES if args.quick
                                                             else FULL_SHAPES)
     variants = VARIANTS
@@ -75,7 +80,7 @@ def _config(args: argparse.Namespace) -> Any:
     repetitions = args.repetitions or (3 if args.quick else 7)
     if repetitions < 1:
         raise ValueError(f"--repetitions must be >= 1, got {repetitions}")
-    if args.clock == "cpu" and (args.threads != 1 or any(d.type != "cpu" for d in devices)):
+    if args.clock == "cpu" and (counts != (1,) or any(d.type != "cpu" for d in devices)):
         raise ValueError("--clock cpu measures one thread's CPU time: use it with --threads 1 "
                          "on CPU devices only")
     return BenchConfig(
@@ -83,12 +88,11 @@ def _config(args: argparse.Namespace) -> Any:
         variants=variants, dtypes=tuple(dtypes), repetitions=repetitions,
         min_block_s=0.01 if args.quick else 0.03,
         validation={None: False, "default": True}.get(args.validation, args.validation),
-        threads=args.threads, clock=args.clock,
+        threads=counts, clock=args.clock,
     )
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
@@ -101,7 +105,6 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"portable-verify bench: {exc}", file=sys.stderr)
         return 2
-    torch.set_num_threads(config.threads)
     # With the JSON on standard output, the human-readable table goes to stderr.
     console = Console(width=None if sys.stdout.isatty() else 150, stderr=to_stdout(args))
     meta = metadata(config, getattr(args, "argv", None))

@@ -1,4 +1,5 @@
-"""``portable-verify info``: devices, backends with the reason for each, versions."""
+"""``portable-verify info``: devices, backends with the reason for each, versions, and whether
+the numba kernels are compiled yet (a server's first step pays the compile otherwise)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
 
 
 def add_parser(subparsers: Any) -> None:
-    p = subparsers.add_parser("info", help="show devices, backends and library versions")
+    p = subparsers.add_parser("info", help="show devices, backends, library versions and "
+                              "whether the numba kernel cache is warm")
     add_json_option(p, "everything shown ('-' prints it instead of the tables)")
     p.set_defaults(func=run)
 
@@ -17,7 +19,7 @@ def add_parser(subparsers: Any) -> None:
 def collect() -> dict[str, Any]:
     """Everything ``info`` shows, as plain data."""
     import portable_verify as pv
-    from portable_verify.bench import environment
+    from portable_verify.bench import environment, numba_runtime
     from portable_verify.dispatch import select_backend
 
     status = pv.backend_status()
@@ -28,6 +30,8 @@ def collect() -> dict[str, Any]:
         "backends": {name: {"available": s.available, "reason": s.reason}
                      for name, s in status.items()},
         "versions": environment.library_versions(),
+        "numba": {"kernel_cache": numba_runtime.kernel_cache(),
+                  "threading": numba_runtime.threading()},
     }
 
 
@@ -64,4 +68,21 @@ def run(args: argparse.Namespace) -> int:
     for name, v in data["versions"].items():
         versions.add_row(name, v or "not installed")
     console.print(versions)
+    _print_numba(console, data["numba"])
     return 0
+
+
+def _print_numba(console: Any, numba: dict[str, Any]) -> None:
+    cache, threads = numba["kernel_cache"], numba["threading"]
+    colour = {"warm": "green", "partial": "yellow", "cold": "red"}.get(cache["state"], "red")
+    where = ", ".join(cache.get("cache_dirs", [])) or "-"
+    console.print(f"[bold]numba kernel cache[/]: [{colour}]{cache['state']}[/] "
+                  f"({cache['detail']}; {where})")
+    if cache["state"] in ("cold", "partial"):
+        console.print("  the first call compiles the missing kernels (10-20 s)")
+    if threads.get("available"):
+        env = ", ".join(f"{k}={v}" for k, v in threads["env"].items() if v is not None) or "none"
+        console.print(f"[bold]numba threading[/]: layer {threads.get('layer') or '-'} "
+                      f"(requested {threads['layer_requested']}), numba threads "
+                      f"{threads.get('numba_threads', '-')} of {threads['numba_num_threads']}, "
+                      f"torch threads {threads['torch_threads']}; environment: {env}")

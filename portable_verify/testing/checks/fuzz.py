@@ -20,14 +20,25 @@ or hang; a result keeps the shapes, ``0 <= num_accepted <= K`` and ids in ``[0, 
 stay unwritten; and fixed valid probe calls give the same answers after every fifth garbage call
 and at the end.
 
+``fuzz.ragged_extremes`` sends the ragged layouts adversarial callers used to crash the
+process (issue 20): counts and offsets far beyond N, int64-extreme and overflowing offsets,
+counts whose sum wraps to N, a huge ``max_num_draft_tokens``; as torch tensors, numpy arrays and
+int32 tensors, at every validation level, in child processes with a capped address space (an
+allocation meant for terabytes fails there instead of swapping the machine). Validated levels
+must raise ``ValueError`` naming the argument; ``validate=False`` must not crash or hang
+(probed only where the lie does not ask for real work: 10**7 positions would take minutes).
+
 Runs are seeded (``FUZZ_SEED``) with bounded example counts (``examples``), so a failure
 reproduces; the failing case is printed in full.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from dataclasses import replace
+import signal
+import tempfile
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -336,3 +347,214 @@ def fuzz_unvalidated(backend: str, quick: bool) -> CheckResult:
     return CheckResult("fuzz.unvalidated", not failures, detail,
                        {"examples": outcome.value["ran"], "seed": FUZZ_SEED + 1,
                         "failures": len(failures), "problems": [f[:300] for f in failures[:50]]})
+
+
+# --- ragged layouts at the extremes, in child processes ------------------------------------
+
+
+@dataclass(frozen=True)
+class RaggedExtreme:
+    """A ragged call whose counts or offsets lie about the layout; ``argument`` must be named."""
+
+    name: str
+    argument: str  # the argument the error must name
+    layout: tuple[int, ...]  # the values of ``argument`` (counts or cu offsets)
+    num_drafts: int  # N
+    target_rows: int  # rows of the target (N + B for a consistent call)
+    max_num_draft_tokens: int | None = None
+    unvalidated: bool = True  # also probe validate=False (see RAGGED_EXTREMES)
+
+    def forms(self) -> tuple[str, ...]:
+        fits_int32 = all(-(2**31) <= x < 2**31 for x in self.layout)
+        return ("torch", "numpy", "torch_int32") if fits_int32 else ("torch", "numpy")
+
+
+_COUNTS, _CU = "num_draft_tokens", "cu_num_draft_tokens"
+RAGGED_EXTREMES: tuple[RaggedExtreme, ...] = (
+    # validate=False is not probed where the lie asks for real work: with no checks, a count of
+    # 10**7 is 10**7 positions to decide (48 s on torch:cpu), which is the caller's request.
+    RaggedExtreme("counts far beyond N", _COUNTS, (10**7,), 2, 3, unvalidated=False),
+    RaggedExtreme("counts one beyond N", _COUNTS, (3,), 2, 3),
+    RaggedExtreme("count near 2**31", _COUNTS, (2**31 - 1,), 2, 3, unvalidated=False),
+    RaggedExtreme("counts summing past int64 to N", _COUNTS, (2**62,) * 4, 0, 4),
+    RaggedExtreme("negative count, sum equals N", _COUNTS, (-1, 3), 2, 4),
+    RaggedExtreme("offsets far beyond N", _CU, (0, 2**21), 2, 3, unvalidated=False),
+    RaggedExtreme("offsets one beyond N", _CU, (0, 3), 2, 3),
+    RaggedExtreme("int64-extreme overflowing offsets", _CU, (0, 2**62, -(2**63) + 5, 3), 3, 6),
+    RaggedExtreme("decreasing offsets", _CU, (0, 3, 2), 2, 4),
+    RaggedExtreme("offsets not starting at 0", _CU, (1, 3), 2, 3),
+    RaggedExtreme("max_num_draft_tokens 2**40", "max_num_draft_tokens", (2,), 2, 3,
+                  max_num_draft_tokens=2**40),
+)
+RAGGED_LEVELS: tuple[bool | str, ...] = (True, "full", False)
+RAGGED_PROBE_BUDGET_S = 60
+"""A probe still running after this long counts as a hang (each takes well under a second)."""
+CHILD_ADDRESS_SPACE = 8 << 30
+"""The child's address-space cap (bytes): ~5x what importing every backend reserves, far below
+an allocation sized by a bogus count, so that allocation fails instead of exhausting RAM."""
+_NO_OVERFLOW_CHECK = ("the layout's sums, differences and max_k are not checked against int64 "
+                      "overflow or N before allocating (issue 20 point 3; lead, api/ragged.py)")
+_NUMBA_LAYOUT = ("the numba ragged_layout reads flat[start + j] before checking the counts fit "
+                 "N, and allocates [B, max_k] first (issue 20 point 1; numba helper)")
+ANY_BACKEND = "*"
+RAGGED_PENDING: dict[tuple[str, str], str] = {
+    **{(case, ANY_BACKEND): _NO_OVERFLOW_CHECK
+       for case in ("counts summing past int64 to N", "int64-extreme overflowing offsets",
+                    "max_num_draft_tokens 2**40")},
+    ("counts far beyond N", "numba:cpu"): _NUMBA_LAYOUT,
+    ("offsets far beyond N", "numba:cpu"): _NUMBA_LAYOUT,
+    ("count near 2**31", "numba:cpu"): _NUMBA_LAYOUT,
+}
+"""``(case name, backend or "*") -> reason``: known failures being fixed on other branches. A
+pending case that fails is reported, not failed; one whose every probe passes fails the check,
+so the mark is removed as soon as the fix lands (like a strict xfail)."""
+
+
+def _pending(case: str, backend: str) -> str | None:
+    return RAGGED_PENDING.get((case, backend)) or RAGGED_PENDING.get((case, ANY_BACKEND))
+
+
+def ragged_probes() -> list[tuple[RaggedExtreme, str, bool | str]]:
+    """Every (case, array form, validation level), in a fixed order (the children index it);
+    ``validate=False`` takes the torch form only (the forms differ in validation, not after)."""
+    return [(case, form, level) for case in RAGGED_EXTREMES for form in case.forms()
+            for level in RAGGED_LEVELS
+            if level is not False or (form == "torch" and case.unvalidated)]
+
+
+def _ragged_call(case: RaggedExtreme, form: str) -> dict[str, Any]:
+    as_array: Any = {
+        "torch": lambda x: torch.tensor(x, dtype=torch.int64),
+        "torch_int32": lambda x: torch.tensor(x, dtype=torch.int32),
+        "numpy": lambda x: np.array(x, dtype=np.int64),
+    }[form]
+    g = torch.Generator().manual_seed(len(case.name))
+    logits = torch.randn(case.target_rows, 8, generator=g)
+    kwargs: dict[str, Any] = {
+        "draft_token_ids": as_array([1 + i % 7 for i in range(case.num_drafts)]),
+        "target_logits": logits.numpy() if form == "numpy" else logits,
+        "seed": 1,
+    }
+    layout_name = _CU if case.argument == _CU else _COUNTS
+    kwargs[layout_name] = as_array(list(case.layout))
+    if case.max_num_draft_tokens is not None:
+        kwargs["max_num_draft_tokens"] = case.max_num_draft_tokens
+    return kwargs
+
+
+def _ragged_outcome(case: RaggedExtreme, level: bool | str, backend: str, form: str) -> str:
+    """``""`` when the probe behaved, else what went wrong."""
+    call = _ragged_call(case, form)
+    try:
+        signal.alarm(RAGGED_PROBE_BUDGET_S)
+        try:
+            result = pv.verify_ragged(**call, backend=backend, validate=level)
+        finally:
+            signal.alarm(0)
+    except _ProbeTimeout:
+        return f"still running after {RAGGED_PROBE_BUDGET_S} s (a hang)"
+    except Exception as exc:
+        if level is False:
+            return ""  # validate=False may raise anything; it may not crash
+        if isinstance(exc, ValueError) and case.argument in str(exc):
+            return ""
+        return f"{type(exc).__name__}: {str(exc)[:160]}"
+    if level is not False:
+        return "returned instead of raising"
+    b = len(case.layout) - (1 if case.argument == _CU else 0)
+    k = int(host(result.token_ids).shape[1]) - 1
+    return check_shapes(result, b, k, 8) or ""
+
+
+class _ProbeTimeout(BaseException):
+    """Raised by the alarm; a BaseException so the verifier's own handlers do not catch it."""
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    raise _ProbeTimeout
+
+
+def ragged_extremes_child(backend: str, start: int, progress: str) -> int:
+    """Runs inside a child: probes ``start..``, appending ``{"i": .., "problem": ..}`` lines to
+    ``progress`` (a ``{"start": i}`` line first, so a crash names its probe)."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (CHILD_ADDRESS_SPACE, CHILD_ADDRESS_SPACE))
+    signal.signal(signal.SIGALRM, _on_alarm)
+    probes = ragged_probes()
+    with open(progress, "a", encoding="utf-8", buffering=1) as f:
+        for i in range(start, len(probes)):
+            case, form, level = probes[i]
+            f.write(json.dumps({"start": i}) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+            f.write(json.dumps({"i": i, "problem": _ragged_outcome(case, level, backend, form)})
+                    + "\n")
+    return len(probes)
+
+
+RAGGED_CHILD = "portable_verify.testing.checks.fuzz:ragged_extremes_child"
+
+
+def run_ragged_extremes(backend: str, child: str = RAGGED_CHILD) -> dict[int, str]:
+    """Problem (or ``""``) per probe index, restarting a fresh child after each crash;
+    ``child`` is the function the children run (tests swap in one that crashes)."""
+    total, problems, start = len(ragged_probes()), {}, 0
+    with tempfile.TemporaryDirectory() as tmp:
+        while start < total:
+            progress = os.path.join(tmp, f"from_{start}.jsonl")
+            outcome = run_isolated(child, backend, start, progress, timeout=CHILD_TIMEOUT_S)
+            started = None
+            if not os.path.exists(progress):  # died before writing anything
+                open(progress, "w").close()
+            with open(progress, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        entry = json.loads(line)
+                    except json.JSONDecodeError:  # a line cut short by the crash
+                        continue
+                    if "start" in entry:
+                        started = entry["start"]
+                    else:
+                        problems[entry["i"]] = entry["problem"]
+                        started = None
+            if outcome.ok:
+                break
+            if started is None:  # died between probes: blame the next one, or the exit
+                started = max((i + 1 for i in problems if i >= start), default=start)
+            if started >= total:
+                problems[total - 1] = f"process crashed after the last probe: " \
+                                      f"{outcome.describe()}"
+            else:
+                problems[started] = f"process crashed: {outcome.describe()}"
+            start = started + 1
+    return problems
+
+
+@check("fuzz.ragged_extremes")
+def fuzz_ragged_extremes(backend: str, quick: bool) -> CheckResult:
+    """Lying ragged counts/offsets: a ValueError naming the argument, never a crash."""
+    probes = ragged_probes()
+    problems = run_ragged_extremes(backend)
+    failures, pending = [], []
+    failing_cases: set[str] = set()
+    for i, (case, form, level) in enumerate(probes):
+        problem = problems.get(i, "never ran")
+        if not problem:
+            continue
+        failing_cases.add(case.name)
+        reason = _pending(case.name, backend)
+        line = f"{case.name} ({form}, validate={level!r}): {problem}"
+        (pending if reason else failures).append(line + (f" [pending: {reason}]" if reason
+                                                          else ""))
+    fixed = [f"{name!r} now passes on {backend}: remove it from RAGGED_PENDING"
+             for name, b in RAGGED_PENDING
+             if b in (backend, ANY_BACKEND) and name not in failing_cases]
+    bad = failures + fixed
+    detail = summarize(bad, limit=3) or (
+        f"{len(probes)} probes: every validated call named its argument, none crashed"
+        if not pending else f"{len(probes) - len(pending)} of {len(probes)} probes held; "
+        f"{len(pending)} fail as known (RAGGED_PENDING): {pending[0]}")
+    return CheckResult("fuzz.ragged_extremes", not bad, detail,
+                       {"probes": len(probes), "failures": failures, "fixed": fixed,
+                        "pending": pending})
