@@ -136,14 +136,23 @@ def test_mixed_temperatures_keep_greedy_rows_exact(pair, ragged_prompt):
     ids, mask = ragged_prompt
     want = _generate(target, ids, mask, 20)
     temps = torch.tensor([0.0, 1.0, 0.0])
-    for method in ("rejection", "typical"):
+    for method in ("rejection", "typical", "block"):
         out = hf.speculative_generate(target, draft, ids, attention_mask=mask,
                                       max_new_tokens=20, k=2, method=method,
                                       temperature=temps, seed=5, validate=True)
         assert torch.equal(out.sequences[[0, 2]], want[[0, 2]])
 
 
-@pytest.mark.parametrize("method", ["rejection", "typical"])
+def test_block_at_temperature_zero_is_greedy(pair, ragged_prompt):
+    """Block's greedy rows take the greedy path: at temperature 0 the loop is greedy decoding."""
+    target, draft = pair
+    ids, mask = ragged_prompt
+    out = hf.speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=20,
+                                  k=3, method="block", temperature=0.0, seed=3, validate=True)
+    assert torch.equal(out.sequences, _generate(target, ids, mask, 20))
+
+
+@pytest.mark.parametrize("method", ["rejection", "typical", "block"])
 def test_sampled_runs_are_valid_and_reproducible(pair, method):
     target, draft = pair
     ids = torch.randint(3, VOCAB, (2, 5), generator=torch.Generator().manual_seed(3))
@@ -190,13 +199,14 @@ def _untempered_verifier(draft_token_ids, **kwargs):
 
 
 def test_rejection_loop_samples_the_target_distribution():
-    """The loop's two-token output follows the target exactly (rejection sampling is lossless).
+    """The loop's two-token output follows the target exactly (rejection sampling and block
+    verification are lossless, so the draft's distributions reach the verifier as they should).
 
     Fixed seeds make the outcome deterministic. Design: V=8, 2000 rows drawn in one batch with
-    per-row seeds, chi-square over the 64 joint cells at p > 1e-3 (a false alarm rate of 0.1%
-    for a correct loop). Power: two negative controls run through the same test and must be
-    rejected at p < 1e-6: the lossy typical rule, and a loop that forgets to hand the
-    temperature to the verifier (so a test that cannot fail would be noticed).
+    per-row seeds, chi-square over the 64 joint cells at p > 1e-3 for each exact method (a false
+    alarm rate of 0.1% each for a correct loop). Power: two negative controls run through the
+    same test and must be rejected at p < 1e-6: the lossy typical rule, and a loop that forgets
+    to hand the temperature to the verifier (so a test that cannot fail would be noticed).
     """
     target = _tiny_llama(4, vocab=8, head_scale=12.0)
     draft = _perturbed(target, 0.8, 5)
@@ -206,8 +216,8 @@ def test_rejection_loop_samples_the_target_distribution():
     exact = _exact_two_token_distribution(target, prompt, 0.8)
     seeds = torch.arange(n, dtype=torch.int64) * 7919 + 17
     pvalues = {}
-    runs = (("verify", "rejection", None), ("typical", "typical", None),
-            ("untempered", "rejection", _untempered_verifier))
+    runs = (("verify", "rejection", None), ("block", "block", None),
+            ("typical", "typical", None), ("untempered", "rejection", _untempered_verifier))
     for name, method, verifier in runs:
         out = hf.speculative_generate(target, draft, ids, max_new_tokens=2, k=2, method=method,
                                       temperature=0.8, seed=seeds, verifier=verifier)
@@ -215,7 +225,7 @@ def test_rejection_loop_samples_the_target_distribution():
         counts = torch.zeros(8, 8).index_put_((pairs[:, 0], pairs[:, 1]), torch.ones(n),
                                               accumulate=True)
         pvalues[name] = _chi_square_pvalue(counts, exact)
-    assert pvalues["verify"] > 1e-3, pvalues
+    assert pvalues["verify"] > 1e-3 and pvalues["block"] > 1e-3, pvalues
     assert pvalues["typical"] < 1e-6, pvalues
     assert pvalues["untempered"] < 1e-6, pvalues
 
