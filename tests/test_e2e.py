@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -152,6 +153,96 @@ def test_block_at_temperature_zero_is_greedy(pair, ragged_prompt):
     assert torch.equal(out.sequences, _generate(target, ids, mask, 20))
 
 
+def test_draft_distributions_reach_the_exact_verifiers(pair):
+    """Rejection and block get the draft's distributions (without them both would still be
+    lossless, treating the drafts as deterministic, and accept less: no output test sees it)."""
+    target, draft = pair
+    seen = []
+
+    def spy(draft_token_ids, **kwargs):
+        seen.append((kwargs["method"], kwargs["draft_probs"]))
+        return verify(draft_token_ids, **kwargs)
+
+    ids = torch.tensor([[4, 9, 2]])
+    for method in ("rejection", "block", "typical"):
+        hf.speculative_generate(target, draft, ids, max_new_tokens=4, k=2, method=method,
+                                temperature=0.7, verifier=spy)
+    for method, q in seen:
+        assert (q is None) == (method == "typical"), method
+        if q is not None:
+            assert q.shape == (1, 2, VOCAB)
+            assert torch.allclose(q.sum(-1), torch.ones(1, 2))
+
+
+def test_shadow_verifier_pairs_block_with_rejection_on_the_same_inputs():
+    """The shadow applies the other rule to the very same arguments; its time is kept apart."""
+    from portable_verify.e2e.paired import ShadowVerifier, mean_interval
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, 4, 6, generator=g)
+    q = torch.softmax(torch.randn(64, 3, 6, generator=g), -1)
+    drafts = torch.multinomial(q.reshape(-1, 6), 1, generator=g).reshape(64, 3)
+    kw = dict(target_logits=logits, draft_probs=q, temperature=1.0, seed=7, seed_offset=3)
+    want = (verify(drafts, method="block", **kw).num_accepted
+            - verify(drafts, method="rejection", **kw).num_accepted).tolist()
+    assert any(want), "the inputs must tell the two rules apart"
+    for method in ("block", "rejection"):
+        shadow = ShadowVerifier(method, time.perf_counter)
+        out = shadow(drafts, method=method, **kw)
+        assert torch.equal(out.num_accepted, verify(drafts, method=method, **kw).num_accepted)
+        assert shadow.block_minus_rejection() == want and shadow.shadow_time_s > 0
+    ci = mean_interval([0.1, 0.3, 0.2, 0.4])  # t(0.975, 3 df) = 3.182 (tables); sd = 0.1291
+    assert (ci["mean"], ci["high"] - ci["mean"]) == pytest.approx((0.25, 3.182 * 0.1291 / 2),
+                                                                  abs=1e-3)
+    assert ci["mean"] - ci["low"] == pytest.approx(ci["high"] - ci["mean"]) and ci["n"] == 4
+    assert mean_interval([0.5])["low"] is None
+
+
+def _tiny_engines(monkeypatch, pair):
+    """The e2e runner on the tiny pair: no model files, no tokenizer."""
+    from types import SimpleNamespace
+
+    from portable_verify.e2e import runner
+    from portable_verify.e2e.runtimes import Engines
+
+    target, draft = pair
+    tok = SimpleNamespace(eos_token_id=None, pad_token_id=0)
+    engines = Engines(target, draft, tok, "tiny target", "tiny draft", 0.0, 0.0)
+    prompts = [(torch.tensor([[5, 7, 11, 3]]), torch.ones(1, 4, dtype=torch.int64)),
+               (torch.tensor([[9, 2, 8, 8, 1]]), torch.ones(1, 5, dtype=torch.int64))]
+    monkeypatch.setattr(runner, "load_engines", lambda cfg, say: engines)
+    monkeypatch.setattr(runner, "prompt_batches", lambda tokenizer, cfg: prompts)
+    return runner
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_e2e_block_runs_beside_rejection(monkeypatch, pair, temperature):
+    """``e2e --method block``: block and rejection per k, alternated; at temperature 0 both are
+    greedy decoding (checked against target-only) and no step tells them apart."""
+    from portable_verify.e2e.config import E2EConfig
+
+    runner = _tiny_engines(monkeypatch, pair)
+    cfg = E2EConfig(method="block", temperature=temperature, ks=(2,), max_new_tokens=12,
+                    num_prompts=2, rounds=2)
+    data = runner.run_e2e(cfg)
+    names = [r["name"] for r in data["results"]]
+    assert names == ["target-only", "spec k=2 block", "spec k=2 rejection"]
+    (c,) = data["block_comparison"]
+    assert c["trials"] == 4 and c["tokens_per_s_ratio"]["n"] == 4
+    steps = sum(r["steps"] for r in data["results"][1:])
+    assert c["same_step_row_steps"] == steps  # batch 1: one row-step per step
+    gain = c["gain_runs"]
+    assert gain["low"] <= gain["mean"] <= gain["high"]
+    block = data["results"][1]
+    assert c["accepted_per_step_block"] == pytest.approx(block["mean_accepted_length"] - 1)
+    assert data["equality_checked"] is (temperature == 0)
+    if temperature == 0:
+        assert all(r["greedy_equal"] for r in data["results"][1:])
+        assert c["same_step_positive"] == c["same_step_negative"] == 0
+    else:
+        assert c["same_step_positive"] + c["same_step_negative"] > 0
+
+
 @pytest.mark.parametrize("method", ["rejection", "typical", "block"])
 def test_sampled_runs_are_valid_and_reproducible(pair, method):
     target, draft = pair
@@ -200,7 +291,7 @@ def _untempered_verifier(draft_token_ids, **kwargs):
 
 def test_rejection_loop_samples_the_target_distribution():
     """The loop's two-token output follows the target exactly (rejection sampling and block
-    verification are lossless, so the draft's distributions reach the verifier as they should).
+    verification are lossless).
 
     Fixed seeds make the outcome deterministic. Design: V=8, 2000 rows drawn in one batch with
     per-row seeds, chi-square over the 64 joint cells at p > 1e-3 for each exact method (a false
