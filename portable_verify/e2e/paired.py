@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from portable_verify import verify
-from portable_verify.core.types import VerifyResult
+from portable_verify import VerifyResult, verify
 
 PAIRED_METHODS: tuple[str, str] = ("block", "rejection")
 """What ``e2e --method block`` runs, alternated: block first in the name, its baseline second."""
