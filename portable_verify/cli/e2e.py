@@ -42,8 +42,10 @@ def add_parser(subparsers: Any) -> None:
                    "match rate)")
     p.add_argument("--k", default=None,
                    help="draft lengths, comma separated (default 1,2,3,4,5; --quick 2)")
-    p.add_argument("--method", choices=("greedy", "rejection", "typical"), default=None,
-                   help="verification method (default greedy)")
+    p.add_argument("--method", choices=("greedy", "rejection", "typical", "block"), default=None,
+                   help="verification method (default greedy); block runs block verification "
+                   "and token-wise rejection alternated on the same prompts and seeds, and "
+                   "reports the gain in accepted drafts per step with its 95%% interval")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="temperature of sampled methods (default 1.0)")
     p.add_argument("--batch", type=int, default=None, help="prompts per batch (default 1)")
@@ -176,10 +178,32 @@ def render(data: dict[str, Any], console: Any) -> None:
                       f"tokens/s, dense {s['tokens_per_s_dense']:.1f} tokens/s, ratio "
                       f"{s['ratio']:.3f}x (verify {s['verify_ms_per_step']:.2f} ms/step, dense "
                       f"{s['dense_ms_per_step']:.2f} ms/step)")
+    for c in data.get("block_comparison", []):
+        console.print(_block_line(c))
     flags = ",".join(ctx["cpu_flags"]) or "none found"
     console.print(f"[dim]{ctx['note']}; one-time conversion {ctx['conversion_time_s']:.1f} s, "
                   f"load {ctx['load_time_s']:.1f} s; CPU {ctx['machine']['cpu']} "
                   f"(flags {flags})[/]")
+
+
+def _interval(g: dict[str, Any]) -> str:
+    if g["low"] is None:
+        return f"{g['mean']:+.4f} (no interval: {g['n']} trial)"
+    return f"{g['mean']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}]"
+
+
+def _block_line(c: dict[str, Any]) -> str:
+    """Block against rejection at one k: both gains with 95% intervals, and tokens/s."""
+    r = c["tokens_per_s_ratio"]
+    ratio = "-" if r is None else f"{r['median']:.3f}x ({r['min']:.3f}-{r['max']:.3f})"
+    return (f"block vs rejection k={c['k']}: accepted drafts/step "
+            f"{c['accepted_per_step_block']:.3f} vs {c['accepted_per_step_rejection']:.3f}; "
+            f"gain, whole runs "
+            f"{_interval(c['gain_runs'])}, same steps {_interval(c['gain_same_steps'])} (95%, "
+            f"{c['trials']} trials, {c['same_step_row_steps']} row-steps: "
+            f"{c['same_step_positive']} more, {c['same_step_negative']} fewer); tokens/s "
+            f"{_fmt(c['tokens_per_s_block'], '.1f')} vs {_fmt(c['tokens_per_s_rejection'], '.1f')}"
+            f", per-trial ratio {ratio}")
 
 
 def _split(r: dict[str, Any]) -> str:

@@ -108,6 +108,14 @@ class E2EConfig:
             raise ValueError("the cpu clock sums every thread's time: use it with threads=1")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.method == "block" and self.dense:
+            raise ValueError("method 'block' runs block beside token-wise rejection; the dense "
+                             "verifier has no block rule (drop --dense)")
+
+    @property
+    def greedy(self) -> bool:
+        """Every row decodes greedily (checked token for token against target-only)."""
+        return self.method == "greedy" or self.temperature == 0
 
     @property
     def prompts(self) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ import torch
 from portable_verify.bench import environment
 from portable_verify.e2e.config import E2EConfig
 from portable_verify.e2e.dense_verifier import dense_verifier
+from portable_verify.e2e.paired import PAIRED_METHODS, ShadowVerifier, mean_interval
 from portable_verify.e2e.runtimes import Engines, load_engines
 from portable_verify.integrations import hf
 
@@ -37,16 +38,19 @@ class Contender:
     k: int  # 0: target-only decoding
     verifier: str  # "-" (target-only), "verify" or "dense"
     metrics: hf.LoopMetrics
+    method: str = ""  # the verification method ("" for target-only)
     tokens_per_s: list[float] = field(default_factory=list)  # one per (round, batch)
     speedups: list[float] = field(default_factory=list)  # against target-only, same batch
     matched: int = 0
     compared: int = 0
     mismatched_rows: int = 0
+    accepted_per_step: list[float] = field(default_factory=list)  # one per (round, batch)
+    same_step_diffs: list[list[int]] = field(default_factory=list)  # block - rejection, same
 
     def summary(self, greedy: bool, baseline_tokens_per_s: float) -> dict[str, Any]:
         """Plain data: the loop's metrics, the speed-up with its spread, the greedy check."""
         data = self.metrics.as_dict()
-        data.update(name=self.name, verifier=self.verifier,
+        data.update(name=self.name, verifier=self.verifier, method=self.method or None,
                     tokens_per_target_forward=_per_target_forward(self),
                     speedup_vs_target_only=_ratio(data["tokens_per_s"],
                                                   baseline_tokens_per_s) if self.k else 1.0,
@@ -127,14 +131,32 @@ def prefix_match(a: list[int], b: list[int]) -> int:
 
 
 def contenders(cfg: E2EConfig) -> list[Contender]:
-    """Target-only first, then speculative at each ``k`` (and with the dense verifier)."""
+    """Target-only first, then speculative at each ``k`` (and with the dense verifier); with
+    ``method="block"`` each ``k`` runs block and token-wise rejection side by side."""
     runs = [Contender("target-only", 0, "-", hf.LoopMetrics(k=0))]
     verifiers = ["verify", "dense"] if cfg.dense else ["verify"]
+    methods = PAIRED_METHODS if cfg.method == "block" else (cfg.method,)
     for v in verifiers:
         for k in cfg.ks:
-            name = f"spec k={k}" + (" dense" if v == "dense" else "")
-            runs.append(Contender(name, k, v, hf.LoopMetrics(k=k, accepted_per_position=[0] * k)))
+            for method in methods:
+                name = f"spec k={k}" + (" dense" if v == "dense" else "") \
+                    + (f" {method}" if len(methods) > 1 else "")
+                metrics = hf.LoopMetrics(k=k, accepted_per_position=[0] * k)
+                runs.append(Contender(name, k, v, metrics, method))
     return runs
+
+
+def _alternate(order: list[Contender], flip: bool) -> list[Contender]:
+    """``order`` with each k's block and rejection runs swapped when ``flip``: the pair runs
+    ABAB over successive trials, whatever the rotation did."""
+    if not flip:
+        return order
+    out = list(order)
+    for k in {r.k for r in order if r.method == PAIRED_METHODS[0]}:
+        i, j = (next(n for n, r in enumerate(out) if r.k == k and r.method == m)
+                for m in PAIRED_METHODS)
+        out[i], out[j] = out[j], out[i]
+    return out
 
 
 def run_e2e(cfg: E2EConfig, progress: Progress | None = None,
@@ -157,24 +179,33 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
     batches = prompt_batches(tokenizer, cfg)
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     runs = contenders(cfg)
-    greedy = cfg.method == "greedy"
+    greedy = cfg.greedy
     clock = time.process_time if cfg.clock == "cpu" else time.perf_counter
 
-    def generate(run: Contender, ids: torch.Tensor, mask: torch.Tensor, n: int) -> Any:
+    def generate(run: Contender, ids: torch.Tensor, mask: torch.Tensor, n: int,
+                 seed: int) -> Any:
         if run.k == 0:
             return hf.target_only_generate(engines.target, ids, attention_mask=mask,
                                            max_new_tokens=n, eos_token_id=eos, pad_token_id=pad,
                                            clock=clock)
-        verifier = dense_verifier(cfg.seed) if run.verifier == "dense" else None
-        return hf.speculative_generate(
+        shadow = ShadowVerifier(run.method, clock) if run.method in PAIRED_METHODS \
+            and cfg.method == "block" else None
+        verifier = dense_verifier(seed) if run.verifier == "dense" else shadow
+        out = hf.speculative_generate(
             engines.target, engines.draft, ids, attention_mask=mask, max_new_tokens=n,
-            k=run.k, method=cfg.method, temperature=cfg.temperature, seed=cfg.seed,
+            k=run.k, method=run.method, temperature=cfg.temperature, seed=seed,
             verifier=verifier, eos_token_id=eos, pad_token_id=pad,
             typical_eps=cfg.typical.eps, typical_alpha=cfg.typical.alpha, clock=clock)
+        if shadow is not None:  # the shadow call is the measurement's, not the run's
+            out.metrics.verify_time_s -= shadow.shadow_time_s
+            out.metrics.decode_time_s -= shadow.shadow_time_s
+            run.same_step_diffs.append(shadow.block_minus_rejection())
+        return out
 
     ids0, mask0 = batches[0]  # warm-up: allocator, thread pools, compiled kernels, lazy inits
     for run in runs:
-        generate(run, ids0, mask0, 4)
+        generate(run, ids0, mask0, 4, cfg.seed)
+        run.same_step_diffs.clear()
     reference: dict[int, list[list[int]]] = {}
     total = cfg.rounds * len(batches) * len(runs)
     done = 0
@@ -183,10 +214,11 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
             order = runs[rnd % len(runs):] + runs[: rnd % len(runs)]  # rotate who goes first
             if bi not in reference:  # target-only first in round 0: the equality reference
                 order = [runs[0]] + [r for r in order if r is not runs[0]]
+            order = _alternate(order, (rnd * len(batches) + bi) % 2 == 1)
             base_tps = float("nan")
             batch_tps: dict[str, float] = {}
             for run in order:
-                out = generate(run, ids, mask, cfg.max_new_tokens)
+                out = generate(run, ids, mask, cfg.max_new_tokens, cfg.seed + rnd)
                 if run.k == 0:
                     reference.setdefault(bi, out.new_tokens)
                     base_tps = out.metrics.tokens_per_s
@@ -196,6 +228,9 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
                         run.compared += len(want)
                         run.mismatched_rows += int(got != want)
                 run.metrics.merge(out.metrics)
+                m = out.metrics
+                run.accepted_per_step.append(m.accepted_tokens / m.row_steps if m.row_steps
+                                             else float("nan"))
                 run.tokens_per_s.append(out.metrics.tokens_per_s)
                 batch_tps[run.name] = out.metrics.tokens_per_s
                 done += 1
@@ -209,7 +244,7 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
 
 def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
             argv: list[str] | None) -> dict[str, Any]:
-    greedy = cfg.method == "greedy"
+    greedy = cfg.greedy
     exact = greedy and cfg.dtype == "float32"
     results = [run.summary(greedy, runs[0].metrics.tokens_per_s) for run in runs]
     data: dict[str, Any] = {
@@ -246,7 +281,36 @@ def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
              "verify_ms_per_step": 1e3 * ours[k]["verify_time_s"] / max(ours[k]["steps"], 1),
              "dense_ms_per_step": 1e3 * dense[k]["verify_time_s"] / max(dense[k]["steps"], 1)}
             for k in ours]
+    if cfg.method == "block":
+        data["block_comparison"] = [block_comparison(runs, k) for k in cfg.ks]
     return data
+
+
+def block_comparison(runs: list[Contender], k: int) -> dict[str, Any]:
+    """Block against token-wise rejection at draft length ``k``: the gain in mean accepted
+    drafts per step, paired over trials (whole runs) and over steps (same inputs), with 95%
+    Student-t intervals over trials, and the tokens/s ratio per trial."""
+    block, rej = (next(r for r in runs if r.k == k and r.method == m and r.verifier == "verify")
+                  for m in PAIRED_METHODS)
+    per_trial = [b - r for b, r in zip(block.accepted_per_step, rej.accepted_per_step,
+                                       strict=True)]
+    same_steps = [db + dr for db, dr in zip(block.same_step_diffs, rej.same_step_diffs,
+                                            strict=True)]
+    return {
+        "k": k,
+        "trials": len(per_trial),
+        "accepted_per_step_block": block.metrics.accepted_tokens / max(block.metrics.row_steps, 1),
+        "accepted_per_step_rejection": rej.metrics.accepted_tokens / max(rej.metrics.row_steps, 1),
+        "gain_runs": mean_interval(per_trial),
+        "gain_same_steps": mean_interval([statistics.fmean(d) for d in same_steps if d]),
+        "same_step_row_steps": sum(len(d) for d in same_steps),
+        "same_step_positive": sum(x > 0 for d in same_steps for x in d),
+        "same_step_negative": sum(x < 0 for d in same_steps for x in d),
+        "tokens_per_s_block": block.metrics.tokens_per_s,
+        "tokens_per_s_rejection": rej.metrics.tokens_per_s,
+        "tokens_per_s_ratio": spread([b / r for b, r in zip(block.tokens_per_s, rej.tokens_per_s,
+                                                          strict=True)]),
+    }
 
 
 def mismatches(data: dict[str, Any]) -> list[str]:

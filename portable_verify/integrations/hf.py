@@ -1,7 +1,7 @@
 """Speculative decoding over Hugging Face causal LMs, verified by :func:`portable_verify.verify`.
 
 Why a loop of our own: transformers' assisted generation is batch-1 only and nobody tests it for
-exactness. This loop runs any batch size, any of the three verification methods, per-request
+exactness. This loop runs any batch size, every verification method, per-request
 temperatures and seeds, and keeps both KV caches in place.
 
 One step, for every row at once:
@@ -34,7 +34,9 @@ from portable_verify import verify
 from portable_verify.core import arguments, rng
 from portable_verify.core.types import DEFAULT_TYPICAL, VerifyResult
 
-LOOP_METHODS: tuple[str, ...] = ("greedy", "rejection", "typical")
+LOOP_METHODS: tuple[str, ...] = ("greedy", "rejection", "typical", "block")
+PROB_METHODS: frozenset[str] = frozenset({"rejection", "block"})
+"""Methods whose verifier needs the draft's distributions (``draft_probs``)."""
 DRAFT_OFFSET = 1 << 40
 """Added to the step counter for the draft's own uniforms, so they never reuse the verifier's."""
 PLAIN_HEAD_MODEL_TYPES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -355,7 +357,9 @@ def speculative_generate(
         input_ids: int ``[B, P]`` prompts, left-padded when ragged (with ``attention_mask``).
         max_new_tokens: new tokens per row; a row also stops after emitting an EOS id.
         k: draft tokens per step (>= 1).
-        method: ``"greedy"``, ``"rejection"`` (exact sampling) or ``"typical"`` (Medusa, lossy).
+        method: ``"greedy"``, ``"rejection"`` (exact sampling), ``"block"`` (exact, the whole
+            chain judged at once; the draft's distributions reach it as ``draft_probs``) or
+            ``"typical"`` (Medusa, lossy).
         temperature: float or ``[B]``; rows at 0 decode greedily; ignored for ``"greedy"``.
         seed: int, ``[B]`` ints (per request) or None (torch's generator); step ``s`` passes
             ``seed_offset=s`` to the verifier, so every step draws fresh numbers.
@@ -441,7 +445,7 @@ def speculative_generate(
         result = verifier(
             draft_ids,
             target_logits=t_logits,
-            draft_probs=torch.stack(qs, 1) if method == "rejection" else None,
+            draft_probs=torch.stack(qs, 1) if method in PROB_METHODS else None,
             method=method,
             temperature=verify_temp,
             seed=seeds,
