@@ -464,7 +464,9 @@ def ragged_counts(sizes: Any, from_cu: bool, n_total: int, n_rows: int, max_k: i
     if not validate:
         if max_k is not None:
             return counts, starts, max_k
-        return counts, starts, int(counts.max()) if b > 0 else 0  # the one documented sync
+        # The one documented sync. No valid count exceeds N: a garbage one must not size the
+        # [B, K] arrays (a count near 2**31 would allocate tens of GB before anything is read).
+        return counts, starts, min(max(int(counts.max()), 0), n_total) if b > 0 else 0
     observed = int(counts.max()) if b > 0 else 0
     if max_k is not None and observed > max_k:
         raise ValueError(
