@@ -160,12 +160,15 @@ def test_acceptance_agrees_with_vllms_own_sampler(runs: dict) -> None:
 @pytest.mark.parametrize("method", OTHER_METHODS)
 def test_the_other_methods_run_inside_the_engine(runs: dict, method: str) -> None:
     """The method reaches the workers' decision, with vLLM's draft probabilities; greedy
-    requests stay token-identical to no speculation; seeded requests repeat."""
+    requests stay token-identical to no speculation. Seeded requests do not repeat here, and
+    must not be required to: vLLM 0.32's probabilistic drafter samples its drafts from torch's
+    global generator whatever the seed (``compute_probs_and_sample_next_token``: "TODO: Consider
+    seeds"), so the drafts, and the text built on them, differ between runs (measured: the
+    batch-1 request diverged after 4 tokens)."""
     gens, state = runs[f"draft+{method}"]
     assert state.get("sampler") is True and state["method"] == method, state
     assert state["calls_with_draft_probs"] > 0, state  # draft_sample_method: probabilistic
     assert gens["greedy"].token_ids == runs["plain"][0]["greedy"].token_ids
-    assert gens["alone"].token_ids == gens["alone_again"].token_ids
     assert gens["alone"].counters["num_draft_tokens"] > 0
     assert gens["sampled0"].counters["num_accepted_tokens"] > 0
     assert len({tuple(t) for t in gens["sampled0"].token_ids}) == len(DEFAULT_PROMPTS)
