@@ -23,6 +23,7 @@ from portable_verify.bench import environment
 from portable_verify.e2e.config import E2EConfig
 from portable_verify.e2e.dense_verifier import dense_verifier
 from portable_verify.e2e.runtimes import Engines, load_engines
+from portable_verify.e2e.tree_loop import TreeLoopMetrics, TreeShape, tree_generate
 from portable_verify.integrations import hf
 
 Progress = Callable[[str], None]
@@ -34,9 +35,11 @@ class Contender:
     """One configuration's results, accumulated over prompts and rounds."""
 
     name: str
-    k: int  # 0: target-only decoding
-    verifier: str  # "-" (target-only), "verify" or "dense"
+    k: int  # 0: target-only decoding; a tree's depth
+    verifier: str  # "-" (target-only), "verify", "dense" or "verify_tree"
     metrics: hf.LoopMetrics
+    tree: TreeShape | None = None
+    accepted_per_forward: list[float] = field(default_factory=list)  # one per (round, batch)
     tokens_per_s: list[float] = field(default_factory=list)  # one per (round, batch)
     speedups: list[float] = field(default_factory=list)  # against target-only, same batch
     matched: int = 0
@@ -47,6 +50,11 @@ class Contender:
         """Plain data: the loop's metrics, the speed-up with its spread, the greedy check."""
         data = self.metrics.as_dict()
         data.update(name=self.name, verifier=self.verifier,
+                    tree=None if self.tree is None else self.tree.label,
+                    scored_nodes=(self.tree.nodes if self.tree else self.k) + 1,
+                    accepted_drafts_per_target_forward=(
+                        self.metrics.accepted_tokens / self.metrics.row_steps
+                        if self.metrics.row_steps else None),
                     tokens_per_target_forward=_per_target_forward(self),
                     speedup_vs_target_only=_ratio(data["tokens_per_s"],
                                                   baseline_tokens_per_s) if self.k else 1.0,
@@ -134,6 +142,11 @@ def contenders(cfg: E2EConfig) -> list[Contender]:
         for k in cfg.ks:
             name = f"spec k={k}" + (" dense" if v == "dense" else "")
             runs.append(Contender(name, k, v, hf.LoopMetrics(k=k, accepted_per_position=[0] * k)))
+    for text in cfg.trees:
+        shape = TreeShape.parse(text)
+        runs.append(Contender(f"tree {shape.label}", shape.depth, "verify_tree",
+                              TreeLoopMetrics(k=shape.depth,
+                                              accepted_per_position=[0] * shape.depth), shape))
     return runs
 
 
@@ -165,6 +178,11 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
             return hf.target_only_generate(engines.target, ids, attention_mask=mask,
                                            max_new_tokens=n, eos_token_id=eos, pad_token_id=pad,
                                            clock=clock)
+        if run.tree is not None:
+            return tree_generate(engines.target, engines.draft, ids, max_new_tokens=n,
+                                 shape=run.tree, method=cfg.method,
+                                 temperature=cfg.temperature, seed=cfg.seed, eos_token_id=eos,
+                                 pad_token_id=pad, clock=clock)
         verifier = dense_verifier(cfg.seed) if run.verifier == "dense" else None
         return hf.speculative_generate(
             engines.target, engines.draft, ids, attention_mask=mask, max_new_tokens=n,
@@ -197,6 +215,9 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
                         run.mismatched_rows += int(got != want)
                 run.metrics.merge(out.metrics)
                 run.tokens_per_s.append(out.metrics.tokens_per_s)
+                if out.metrics.row_steps:
+                    run.accepted_per_forward.append(
+                        out.metrics.accepted_tokens / out.metrics.row_steps)
                 batch_tps[run.name] = out.metrics.tokens_per_s
                 done += 1
                 say(f"[{done}/{total}] round {rnd + 1}/{cfg.rounds}, prompts batch "
@@ -246,7 +267,34 @@ def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
              "verify_ms_per_step": 1e3 * ours[k]["verify_time_s"] / max(ours[k]["steps"], 1),
              "dense_ms_per_step": 1e3 * dense[k]["verify_time_s"] / max(dense[k]["steps"], 1)}
             for k in ours]
+    if cfg.trees:
+        data["tree_comparison"] = tree_comparison(runs)
     return data
+
+
+def tree_comparison(runs: list[Contender]) -> list[dict[str, Any]]:
+    """Each tree against the chain scoring as many nodes (``k = nodes``): accepted drafts per
+    target forward and tokens/s, as one ratio per (round, prompt batch) with its spread."""
+    chains = {r.k: r for r in runs if r.verifier == "verify"}
+    rows = []
+    for tree in (r for r in runs if r.tree is not None):
+        chain = chains.get(tree.tree.nodes)  # type: ignore[union-attr]
+        if chain is None:
+            continue
+        apf = [t / c for t, c in zip(tree.accepted_per_forward, chain.accepted_per_forward,
+                                     strict=True) if c > 0]
+        tps = [t / c for t, c in zip(tree.tokens_per_s, chain.tokens_per_s, strict=True)]
+        t_apf = tree.metrics.accepted_tokens / max(tree.metrics.row_steps, 1)
+        c_apf = chain.metrics.accepted_tokens / max(chain.metrics.row_steps, 1)
+        rows.append({"tree": tree.name, "chain": chain.name,
+                     "scored_nodes": tree.tree.nodes + 1,  # type: ignore[union-attr]
+                     "accepted_per_forward_tree": t_apf, "accepted_per_forward_chain": c_apf,
+                     "accepted_per_forward_gain": _ratio(t_apf, c_apf),
+                     "accepted_per_forward_gain_spread": spread(apf),
+                     "tokens_per_s_ratio": _ratio(tree.metrics.tokens_per_s,
+                                                  chain.metrics.tokens_per_s),
+                     "tokens_per_s_ratio_spread": spread(tps)})
+    return rows
 
 
 def mismatches(data: dict[str, Any]) -> list[str]:
