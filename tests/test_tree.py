@@ -204,3 +204,18 @@ def test_torch_device_code_path_on_cpu(name: str, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(torch_eager, "HOST_ARRAYS", False)
     result = kit.run_check(name, "torch:cpu", quick=True)
     assert result.passed, result.detail
+
+
+def test_typical_takes_the_first_passing_child_not_the_longest_path() -> None:
+    """Both root children pass the typical test; the second leads to a longer passing path.
+    The tree rule takes the first (Medusa's would take the longer one): docs/semantics.md."""
+    p = torch.tensor([[[0.45, 0.45, 0.05, 0.05],   # root: tokens 0 and 1 both pass
+                       [0.25, 0.25, 0.25, 0.25],   # node 1 (token 0), a leaf
+                       [0.02, 0.02, 0.94, 0.02],   # node 2 (token 1): its child token 2 passes
+                       [0.25, 0.25, 0.25, 0.25]]])
+    tokens, parents = torch.tensor([[0, 0, 1, 2]]), torch.tensor([[-1, 0, 0, 2]])
+    for backend in ("numpy", "torch:cpu"):
+        res = pv.verify_tree(tokens, parents, target_probs=p, method="typical", seed=0,
+                             backend=backend)
+        assert res.node_ids[0].tolist()[:2] == [1, -1]
+        assert res.num_accepted.tolist() == [1]

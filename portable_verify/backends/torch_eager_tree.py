@@ -5,14 +5,22 @@ Why it looks like this: every request walks its own path, but each step of every
 same few array operations, so one loop over *test steps* (at most ``N - 1``: a node is tested
 at most once, as a child of its one parent) runs all requests at once. A step tests each
 request's next child, then either descends into it or folds it into the residual and moves on
-to its next sibling. The loop count is known on the host (no host sync). The arithmetic is
-torch_eager's own (the first test at a node from the row's max and sum, the row loads, the
-two-level draw), so a chain gives exactly ``verify``'s answer on this backend.
+to its next sibling. The loop count is known on the host (no host sync); on CPU, where asking
+costs nothing, the loop also stops once every walk has ended. The arithmetic is torch_eager's
+own (the first test at a node from the row's max and sum, the row loads, the two-level draw),
+so a chain gives exactly ``verify``'s answer on this backend.
+
+Costs: on CPU only the rows on the walked paths are read (a row's statistics when a request
+enters its node, its residual at the node's first rejection, the draw's row at the end), and
+each step touches only the requests concerned (index arrays). On devices every row's
+statistics come from one up-front pass and the steps run under masks over the whole batch.
+Figures: docs/benchmarks.md ("Trees").
 """
 
 from __future__ import annotations
 
 import dataclasses
+import threading
 from typing import Any
 
 import numpy as np
@@ -121,11 +129,12 @@ def _descend(ops: ArrayOps, inputs: TreeInputs, tree: Tree, accept: Array, child
     return node, a, path, first
 
 
-def _row_argmax(inputs: TreeInputs, requests: np.ndarray, node: np.ndarray) -> np.ndarray:
+def _row_argmax(ops: ArrayOps, inputs: TreeInputs, requests: np.ndarray,
+                node: np.ndarray) -> np.ndarray:
     """Host: the argmax (lowest index on ties) of those requests' node rows."""
     rows = requests * inputs.num_slots + node
     if inputs.target.dtype == torch.float32:
-        return np.argmax(np.take(inputs.target.numpy(), rows, axis=0), axis=-1)
+        return np.argmax(_load(ops, inputs.target, rows, "argmax"), axis=-1)
     return torch.argmax(inputs.target[torch.from_numpy(rows)], dim=-1).numpy()
 
 
@@ -137,19 +146,21 @@ def _greedy_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, 
     n = inputs.num_slots
     node, ptr, a, path = _start(ops, inputs, tree)
     if ops.host:
-        g_now = _row_argmax(inputs, np.arange(inputs.batch_size), node)
+        g_now = _row_argmax(ops, inputs, np.arange(inputs.batch_size), node)
     else:
         g = ops.target_argmax(inputs.target).reshape(inputs.batch_size, n)
     for _ in range(n - 1):
-        child = ops.clip(ptr, 0, n - 1)
         active = ptr < n
+        if ops.host and not active.any():  # every walk has ended (free to know on the host)
+            break
+        child = ops.clip(ptr, 0, n - 1)
         accept = active & (ops.pick(tree.tokens, child) == (g_now if ops.host
                                                             else ops.pick(g, node)))
         reject = active & ~accept
         node, a, path, first = _descend(ops, inputs, tree, accept, child, node, a, path)
         if ops.host and accept.any():
             at = np.flatnonzero(accept)
-            g_now[at] = _row_argmax(inputs, at, node[at])
+            g_now[at] = _row_argmax(ops, inputs, at, node[at])
         ptr = xp.where(accept, first, xp.where(reject, ops.pick(tree.next_sibling, child), ptr))
     return path, g_now if ops.host else ops.pick(g, node), a
 
@@ -211,21 +222,28 @@ class FirstTests:
         if threshold is not None:
             self.threshold_now[at] = threshold
 
-    def px(self, child: Array, node: Array) -> Array:
-        """``p(x_child)`` under the row of ``node`` (the child's parent)."""
+    def weight(self, child: Array, node: Array) -> Array:
+        """The child's entry in its parent's row as the draw reads it: ``exp((l_x - m) / T)``
+        from logits, ``p(x)`` from probabilities."""
         ops, n = self.ops, self.inputs.num_slots
         rows = self.requests * n + ops.clip(node, 0, n - 1)
         value = ops.values(self.inputs.target, rows, ops.pick(self.tree.tokens, child))
         if not self.inputs.target_is_logits:
             return value
-        if ops.host:
-            m, s = self.m, self.s
-        else:
-            at = ops.clip(node, 0, max(n - 2, 0))
-            m, s = ops.pick(self.m_all, at), ops.pick(self.s_all, at)
-        e_x = value - m
+        e_x = value - self._row_stat(node)[0]
         e_x /= self.t
-        return ops.exp_(e_x) / s
+        return ops.exp_(e_x)
+
+    def px(self, child: Array, node: Array) -> Array:
+        """``p(x_child)`` under the row of ``node`` (the child's parent)."""
+        e_x = self.weight(child, node)
+        return e_x / self._row_stat(node)[1] if self.inputs.target_is_logits else e_x
+
+    def _row_stat(self, node: Array) -> tuple[Array, Array]:
+        if self.ops.host:
+            return self.m, self.s
+        at = self.ops.clip(node, 0, max(self.inputs.num_slots - 2, 0))
+        return self.ops.pick(self.m_all, at), self.ops.pick(self.s_all, at)
 
     def threshold(self, node: Array) -> Array:
         if self.ops.host:
@@ -234,16 +252,39 @@ class FirstTests:
                                                                           - 2, 0)))
 
 
+_pool = threading.local()
+
+
+def _rows_buffer(ops: ArrayOps, name: str, rows: int, width: int) -> Array:
+    """A float32 ``[rows, width]`` buffer. On the host one per ``name`` is kept per thread and
+    reused across calls: a fresh multi-MiB array costs a page fault per 4 KiB on first touch,
+    which measured dearer than the row copy itself. Names in use at the same time differ."""
+    if not ops.host:
+        return torch.empty(rows, width, dtype=torch.float32, device=ops.device)
+    store: dict[str, np.ndarray] = getattr(_pool, "buffers", {})
+    _pool.buffers = store
+    need = rows * width
+    if store.get(name) is None or store[name].size < need:
+        store[name] = np.empty(need, np.float32)
+    return store[name][:need].reshape(rows, width)
+
+
+def _load(ops: ArrayOps, source: torch.Tensor, rows: Array, name: str) -> Array:
+    """float32 ``source[rows]`` in the buffer ``name`` (rows already in range)."""
+    out = _rows_buffer(ops, name, rows.shape[0], source.shape[-1])
+    if ops.host and source.dtype == torch.float32:
+        # mode="clip": an unbuffered copy (numpy buffers the whole output under "raise").
+        return np.take(source.numpy(), rows, axis=0, out=out, mode="clip")
+    return ops.load(source, rows, out)
+
+
 def _node_rows(ops: ArrayOps, inputs: TreeInputs, requests: Array, node: Array,
-               normalise: bool) -> Array:
+               normalise: bool, name: str = "node") -> Array:
     """float32 ``[len(requests), V]``: those requests' node rows as torch_eager's final stage
     reads them: ``exp((l - max) / T)`` from logits (divided by its sum when ``normalise``),
     else ``p``."""
-    n, v = inputs.num_slots, inputs.vocab_size
-    rows = requests * n + ops.clip(node, 0, n - 1)
-    buf = np.empty((rows.shape[0], v), np.float32) if ops.host else torch.empty(
-        rows.shape[0], v, dtype=torch.float32, device=ops.device)
-    p = ops.load(inputs.target, rows, buf)
+    n = inputs.num_slots
+    p = _load(ops, inputs.target, requests * n + ops.clip(node, 0, n - 1), name)
     if inputs.target_is_logits:
         t = _temperatures(ops, ops.array(inputs.temperature))[requests]
         p -= ops.rowmax(p)[:, None]
@@ -256,10 +297,7 @@ def _node_rows(ops: ArrayOps, inputs: TreeInputs, requests: Array, node: Array,
 
 def _draft_rows(ops: ArrayOps, inputs: TreeInputs, requests: Array, node: Array) -> Array:
     n = inputs.num_slots
-    rows = requests * n + ops.clip(node, 0, n - 1)
-    buf = np.empty((rows.shape[0], inputs.vocab_size), np.float32) if ops.host else torch.empty(
-        rows.shape[0], inputs.vocab_size, dtype=torch.float32, device=ops.device)
-    return ops.load(inputs.draft_probs, rows, buf)
+    return _load(ops, inputs.draft_probs, requests * n + ops.clip(node, 0, n - 1), "draft")
 
 
 def _typical_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
@@ -269,8 +307,10 @@ def _typical_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
     node, ptr, a, path = _start(ops, inputs, tree)
     tested = a < 0  # all False: no child of the current node failed yet
     for _ in range(n - 1):
-        child = ops.clip(ptr, 0, n - 1)
         active = ptr < n
+        if ops.host and not active.any():  # every walk has ended (free to know on the host)
+            break
+        child = ops.clip(ptr, 0, n - 1)
         accept = active & (tests.px(child, node) > tests.threshold(node))
         reject = active & ~accept
         tested = (tested | reject) & ~accept
@@ -375,37 +415,115 @@ class Residuals:
         setattr(self, name, torch.where(mask.reshape(-1, *([1] * (old.dim() - 1))), value, old))
 
 
+class PointMassResiduals:
+    """The residual of deterministic children, without rows: rejecting ``x`` zeroes one entry
+    of the node's row ``w`` (``exp((l - m) / T)``, or ``p``), so the walk keeps per request the
+    row's remaining sum, how many positive entries are left and which children were removed;
+    a later child is tested against ``w(x) / sum``. The one row pass per node is at its first
+    rejection (the sum and the count); the draw reads the last node's row with the removed
+    tokens zeroed, exactly the row ``verify`` draws from after one rejection.
+    """
+
+    def __init__(self, ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> None:
+        self.ops, self.inputs, self.tree = ops, inputs, tree
+        b, xp = inputs.batch_size, ops.xp
+        self.total = xp.ones(b, dtype=xp.float32) if ops.host else torch.ones(b, device=ops.device)
+        self.positive = tree.first_child[:, 0] * 0  # int64 [B] zeros of the right kind
+        self.removed = tree.valid & False  # bool [B, N]: child i removed at the current node
+
+    def _duplicate(self, x: Array) -> Array:
+        return (self.removed & (self.tree.tokens == x[:, None])).any(1)
+
+    def later_test(self, x: Array, w_x: Array) -> Array:
+        return self.ops.xp.where(self._duplicate(x), 0.0, w_x) / self.total
+
+    def load(self, mask: Array, node: Array) -> None:
+        """The node's row sum and positive count, at its first rejection."""
+        ops, xp = self.ops, self.ops.xp
+        if ops.host:
+            at = np.flatnonzero(mask)
+            if at.size:
+                rows = _node_rows(ops, self.inputs, at, node[at], normalise=False)
+                self.total[at] = ops.rowsum(rows)
+                self.positive[at] = (rows > 0).sum(1)
+            return
+        rows = _node_rows(ops, self.inputs, ops.arange(mask.shape[0]), node, normalise=False)
+        self.total = xp.where(mask, ops.rowsum(rows), self.total)
+        self.positive = xp.where(mask, (rows > 0).sum(1), self.positive)
+
+    def reject(self, mask: Array, child: Array, x: Array, w_x: Array) -> None:
+        """Remove ``x`` unless it is already gone, has no mass, or is the last positive entry
+        (an empty residual keeps the previous one)."""
+        xp = self.ops.xp
+        remove = mask & ~self._duplicate(x) & (w_x > 0) & (self.positive > 1)
+        col = self.ops.arange(self.removed.shape[1])[None, :]
+        self.removed = self.removed | (remove[:, None] & (col == child[:, None]))
+        self.total = xp.where(remove, self.total - w_x, self.total)
+        self.positive = self.positive - remove * 1  # bool to int on numpy and torch alike
+
+    def descend(self, accept: Array) -> None:
+        self.removed = self.removed & ~accept[:, None]
+
+    def draw_weights(self, node: Array) -> Array:
+        ops = self.ops
+        b, v = self.inputs.batch_size, self.inputs.vocab_size
+        w = _node_rows(ops, self.inputs, ops.arange(b), node, normalise=False, name="draw")
+        if ops.host:
+            request, child = np.nonzero(self.removed)
+            w[request, self.tree.tokens[request, child]] = 0.0
+            return w
+        hits = torch.zeros(b, v, dtype=torch.int64, device=ops.device).scatter_add_(
+            1, self.tree.tokens, self.removed.to(torch.int64))
+        return torch.where(hits > 0, 0.0, w)
+
+
 def _rejection_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
                     tests: FirstTests) -> tuple[Array, Array, Array]:
     xp = ops.xp
     n = inputs.num_slots
     u = ops.array(inputs.uniforms)
-    state = Residuals(ops, inputs)
+    deterministic = inputs.children == "deterministic"
+    state: Any = (PointMassResiduals(ops, inputs, tree) if deterministic
+                  else Residuals(ops, inputs))
     qx_first = None
-    if not state.deterministic:  # q(x) of each node under its parent's draft row
+    if not deterministic:  # q(x) of each node under its parent's draft row
         parent_rows = (ops.arange(inputs.batch_size)[:, None] * n
                        + ops.clip(ops.array(inputs.parents), 0, n - 1))
         qx_first = ops.values(inputs.draft_probs, parent_rows, tree.tokens)
     node, ptr, a, path = _start(ops, inputs, tree)
     fresh = a == 0  # no child of the current node rejected yet: the first test reads px
     for _ in range(n - 1):
-        child = ops.clip(ptr, 0, n - 1)
         active = ptr < n
+        if ops.host and not active.any():  # every walk has ended (free to know on the host)
+            break
+        child = ops.clip(ptr, 0, n - 1)
         x = ops.pick(tree.tokens, child)
-        rx_later, qx_later = state.later_test(x)
-        rx = xp.where(fresh, tests.px(child, node), rx_later)
-        qx = qx_later if qx_first is None else xp.where(fresh, ops.pick(qx_first, child),
-                                                        qx_later)
+        if deterministic:
+            w_x = tests.weight(child, node)
+            px = w_x / tests._row_stat(node)[1] if inputs.target_is_logits else w_x
+            rx, qx = xp.where(fresh, px, state.later_test(x, w_x)), 1.0
+        else:
+            rx_later, qx_later = state.later_test(x)
+            rx = xp.where(fresh, tests.px(child, node), rx_later)
+            qx = xp.where(fresh, ops.pick(qx_first, child), qx_later)
         accept = active & (rx > 0) & (ops.pick(u, ops.clip(child - 1, 0, n - 1)) * qx <= rx)
         reject = active & ~accept
         state.load(reject & fresh, node)
-        state.reject(reject, x)
+        if deterministic:
+            state.reject(reject, child, x, w_x)
+            state.descend(accept)
+        else:
+            state.reject(reject, x)
         fresh = (fresh & ~reject) | accept
         node, a, path, first = _descend(ops, inputs, tree, accept, child, node, a, path)
         tests.enter(accept, node)
         ptr = xp.where(accept, first, xp.where(reject, ops.pick(tree.next_sibling, child), ptr))
-    state.load(fresh, node)  # no rejection at the last node: the draw reads its row
-    return path, _draw(ops, state.w, u[:, n - 1])[0], a
+    if deterministic:
+        weights = state.draw_weights(node)
+    else:
+        state.load(fresh, node)  # no rejection at the last node: the draw reads its row
+        weights = state.w
+    return path, _draw(ops, weights, u[:, n - 1])[0], a
 
 
 def _sampled_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, Array, Array]:
