@@ -42,6 +42,11 @@ def add_parser(subparsers: Any) -> None:
                    "match rate)")
     p.add_argument("--k", default=None,
                    help="draft lengths, comma separated (default 1,2,3,4,5; --quick 2)")
+    p.add_argument("--tree", default=None,
+                   help="draft trees, comma separated, WIDTHxDEPTH[:NODES] (e.g. 2x4,3x4:8): "
+                   "the draft's beam of WIDTH expanded DEPTH levels, the NODES best nodes "
+                   "(default DEPTH) scored in one target forward; each runs beside the chain "
+                   "with k = NODES (batch 1, torch runtime)")
     p.add_argument("--method", choices=("greedy", "rejection", "typical", "block"), default=None,
                    help="verification method (default greedy); block runs block verification "
                    "and token-wise rejection alternated on the same prompts and seeds, and "
@@ -130,10 +135,17 @@ def config_from_args(args: argparse.Namespace) -> tuple[E2EConfig, list[str]]:
         chosen.update(quick)
         if quick:
             notes.append(f"--quick: {_describe(quick)}")
+    trees = tuple(t.strip() for t in (args.tree or "").split(",") if t.strip())
+    if trees:
+        from portable_verify.e2e.tree_loop import TreeShape
+
+        nodes = tuple(TreeShape.parse(t).nodes for t in trees)
+        ks = chosen.get("ks", ()) if args.k else ()
+        chosen["ks"] = tuple(sorted(set(ks) | set(nodes)))
     cfg = E2EConfig(target=args.target, draft=args.draft, runtime=args.runtime, dtype=args.dtype,
                     temperature=args.temperature, seed=args.seed, threads=args.threads,
                     clock=args.clock, prompt_set=args.prompt_set, preset=args.preset,
-                    **chosen)
+                    trees=trees, **chosen)
     return cfg, notes
 
 
@@ -173,6 +185,15 @@ def render(data: dict[str, Any], console: Any) -> None:
             " ".join(_fmt(x) for x in r["acceptance_rate_per_position"]) or "-",
             _fmt(1e3 * r["mean_step_time_s"], ".1f"), _split(r) if r["k"] else "-", check)
     console.print(table)
+    for t in data.get("tree_comparison", []):
+        g, r = t["accepted_per_forward_gain_spread"], t["tokens_per_s_ratio_spread"]
+        console.print(
+            f"{t['tree']} vs {t['chain']} ({t['scored_nodes']} scored positions each): accepted "
+            f"drafts per target forward {_fmt(t['accepted_per_forward_tree'])} vs "
+            f"{_fmt(t['accepted_per_forward_chain'])}, gain {_fmt(t['accepted_per_forward_gain'])}x"
+            + (f" ({_fmt(g['min'])}-{_fmt(g['max'])}, n={g['n']})" if g else "")
+            + f"; tokens/s ratio {_fmt(t['tokens_per_s_ratio'])}x"
+            + (f" ({_fmt(r['min'])}-{_fmt(r['max'])})" if r else ""))
     for s in data.get("dense_comparison", []):
         console.print(f"dense verifier k={s['k']}: verify {s['tokens_per_s_verify']:.1f} "
                       f"tokens/s, dense {s['tokens_per_s_dense']:.1f} tokens/s, ratio "

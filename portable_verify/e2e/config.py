@@ -81,6 +81,8 @@ class E2EConfig:
     clock: str = "wall"  # "wall" or "cpu" (process CPU time: waiting for a core left out)
     preset: str | None = None
     typical: TypicalParams = DEFAULT_TYPICAL
+    trees: tuple[str, ...] = ()  # tree shapes "WxD[:M]" (batch 1, torch, greedy or rejection)
+
     def __post_init__(self) -> None:
         if self.prompt_set not in PROMPT_SETS:
             raise ValueError(f"prompt_set must be one of {sorted(PROMPT_SETS)}, "
@@ -111,6 +113,21 @@ class E2EConfig:
         if self.method == "block" and self.dense:
             raise ValueError("method 'block' runs block beside token-wise rejection; the dense "
                              "verifier has no block rule (drop --dense)")
+        if self.trees:
+            self._check_trees()
+
+    def _check_trees(self) -> None:
+        from portable_verify.e2e.tree_loop import TreeShape
+
+        for text in self.trees:
+            TreeShape.parse(text)
+        if self.batch != 1 or self.runtime != "torch" or self.method not in ("greedy", "rejection"):
+            raise ValueError("--tree runs batch 1 in the torch runtime with method greedy or "
+                             f"rejection; got batch {self.batch}, runtime {self.runtime}, "
+                             f"method {self.method}")
+        if self.draft == "ngram":
+            raise ValueError("--tree expands a draft model's beam: it needs a model draft, "
+                             "not ngram")
 
     @property
     def greedy(self) -> bool:
@@ -124,6 +141,7 @@ class E2EConfig:
     def as_dict(self) -> dict[str, Any]:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["ks"] = list(self.ks)
+        data["trees"] = list(self.trees)
         data["typical"] = {"eps": self.typical.eps, "alpha": self.typical.alpha}
         return data
 

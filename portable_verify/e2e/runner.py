@@ -24,6 +24,7 @@ from portable_verify.e2e.config import E2EConfig
 from portable_verify.e2e.dense_verifier import dense_verifier
 from portable_verify.e2e.paired import PAIRED_METHODS, ShadowVerifier, mean_interval
 from portable_verify.e2e.runtimes import Engines, load_engines
+from portable_verify.e2e.tree_loop import TreeLoopMetrics, TreeShape, tree_generate
 from portable_verify.integrations import hf
 
 Progress = Callable[[str], None]
@@ -35,10 +36,12 @@ class Contender:
     """One configuration's results, accumulated over prompts and rounds."""
 
     name: str
-    k: int  # 0: target-only decoding
-    verifier: str  # "-" (target-only), "verify" or "dense"
+    k: int  # 0: target-only decoding; a tree's depth
+    verifier: str  # "-" (target-only), "verify", "dense" or "verify_tree"
     metrics: hf.LoopMetrics
     method: str = ""  # the verification method ("" for target-only)
+    tree: TreeShape | None = None
+    accepted_per_forward: list[float] = field(default_factory=list)  # one per (round, batch)
     tokens_per_s: list[float] = field(default_factory=list)  # one per (round, batch)
     speedups: list[float] = field(default_factory=list)  # against target-only, same batch
     matched: int = 0
@@ -51,6 +54,11 @@ class Contender:
         """Plain data: the loop's metrics, the speed-up with its spread, the greedy check."""
         data = self.metrics.as_dict()
         data.update(name=self.name, verifier=self.verifier, method=self.method or None,
+                    tree=None if self.tree is None else self.tree.label,
+                    scored_nodes=(self.tree.nodes if self.tree else self.k) + 1,
+                    accepted_drafts_per_target_forward=(
+                        self.metrics.accepted_tokens / self.metrics.row_steps
+                        if self.metrics.row_steps else None),
                     tokens_per_target_forward=_per_target_forward(self),
                     speedup_vs_target_only=_ratio(data["tokens_per_s"],
                                                   baseline_tokens_per_s) if self.k else 1.0,
@@ -143,6 +151,12 @@ def contenders(cfg: E2EConfig) -> list[Contender]:
                     + (f" {method}" if len(methods) > 1 else "")
                 metrics = hf.LoopMetrics(k=k, accepted_per_position=[0] * k)
                 runs.append(Contender(name, k, v, metrics, method))
+    for text in cfg.trees:
+        shape = TreeShape.parse(text)
+        runs.append(Contender(f"tree {shape.label}", shape.depth, "verify_tree",
+                              TreeLoopMetrics(k=shape.depth,
+                                              accepted_per_position=[0] * shape.depth),
+                              method=cfg.method, tree=shape))
     return runs
 
 
@@ -188,6 +202,11 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
             return hf.target_only_generate(engines.target, ids, attention_mask=mask,
                                            max_new_tokens=n, eos_token_id=eos, pad_token_id=pad,
                                            clock=clock)
+        if run.tree is not None:
+            return tree_generate(engines.target, engines.draft, ids, max_new_tokens=n,
+                                 shape=run.tree, method=cfg.method,
+                                 temperature=cfg.temperature, seed=seed, eos_token_id=eos,
+                                 pad_token_id=pad, clock=clock)
         shadow = ShadowVerifier(run.method, clock) if run.method in PAIRED_METHODS \
             and cfg.method == "block" else None
         verifier = dense_verifier(seed) if run.verifier == "dense" else shadow
@@ -232,6 +251,9 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
                 run.accepted_per_step.append(m.accepted_tokens / m.row_steps if m.row_steps
                                              else float("nan"))
                 run.tokens_per_s.append(out.metrics.tokens_per_s)
+                if out.metrics.row_steps:
+                    run.accepted_per_forward.append(
+                        out.metrics.accepted_tokens / out.metrics.row_steps)
                 batch_tps[run.name] = out.metrics.tokens_per_s
                 done += 1
                 say(f"[{done}/{total}] round {rnd + 1}/{cfg.rounds}, prompts batch "
@@ -283,6 +305,8 @@ def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
             for k in ours]
     if cfg.method == "block":
         data["block_comparison"] = [block_comparison(runs, k) for k in cfg.ks]
+    if cfg.trees:
+        data["tree_comparison"] = tree_comparison(runs)
     return data
 
 
@@ -311,6 +335,32 @@ def block_comparison(runs: list[Contender], k: int) -> dict[str, Any]:
         "tokens_per_s_ratio": spread([b / r for b, r in zip(block.tokens_per_s, rej.tokens_per_s,
                                                           strict=True)]),
     }
+
+
+
+def tree_comparison(runs: list[Contender]) -> list[dict[str, Any]]:
+    """Each tree against the chain scoring as many nodes (``k = nodes``): accepted drafts per
+    target forward and tokens/s, as one ratio per (round, prompt batch) with its spread."""
+    chains = {r.k: r for r in runs if r.verifier == "verify"}
+    rows = []
+    for tree in (r for r in runs if r.tree is not None):
+        chain = chains.get(tree.tree.nodes)  # type: ignore[union-attr]
+        if chain is None:
+            continue
+        apf = [t / c for t, c in zip(tree.accepted_per_forward, chain.accepted_per_forward,
+                                     strict=True) if c > 0]
+        tps = [t / c for t, c in zip(tree.tokens_per_s, chain.tokens_per_s, strict=True)]
+        t_apf = tree.metrics.accepted_tokens / max(tree.metrics.row_steps, 1)
+        c_apf = chain.metrics.accepted_tokens / max(chain.metrics.row_steps, 1)
+        rows.append({"tree": tree.name, "chain": chain.name,
+                     "scored_nodes": tree.tree.nodes + 1,  # type: ignore[union-attr]
+                     "accepted_per_forward_tree": t_apf, "accepted_per_forward_chain": c_apf,
+                     "accepted_per_forward_gain": _ratio(t_apf, c_apf),
+                     "accepted_per_forward_gain_spread": spread(apf),
+                     "tokens_per_s_ratio": _ratio(tree.metrics.tokens_per_s,
+                                                  chain.metrics.tokens_per_s),
+                     "tokens_per_s_ratio_spread": spread(tps)})
+    return rows
 
 
 def mismatches(data: dict[str, Any]) -> list[str]:

