@@ -219,7 +219,7 @@ def _general_padded(draft_token_ids: Any, target_logits: Any, target_probs: Any,
                     options: VerifyOptions, backend: str, validate: Any,
                     return_numpy: bool) -> VerifyCall:
     drafts = to_tensor("draft_token_ids", draft_token_ids)
-    target, target_name = _target_tensor(target_logits, target_probs)
+    target, target_name = target_tensor(target_logits, target_probs)
     q = to_tensor("draft_probs", draft_probs)
     counts = to_tensor("num_draft_tokens", num_draft_tokens)
     u = to_tensor("uniforms", uniforms)
@@ -239,7 +239,7 @@ def _general_padded(draft_token_ids: Any, target_logits: Any, target_probs: Any,
         False, return_numpy)
 
 
-def _target_tensor(target_logits: Any, target_probs: Any) -> tuple[torch.Tensor, str]:
+def target_tensor(target_logits: Any, target_probs: Any) -> tuple[torch.Tensor, str]:
     """The one target tensor given, and the name of the argument that carried it."""
     logits = to_tensor("target_logits", target_logits)
     probs = to_tensor("target_probs", target_probs)
@@ -358,7 +358,7 @@ def _general_ragged(draft_token_ids: Any, num_draft_tokens: Any, cu_num_draft_to
                     max_k: int | None, bonus_token_ids: Any, options: VerifyOptions,
                     backend: str, validate: Any, return_numpy: bool) -> VerifyCall:
     flat = to_tensor("draft_token_ids", draft_token_ids)
-    target, target_name = _target_tensor(target_logits, target_probs)
+    target, target_name = target_tensor(target_logits, target_probs)
     q = to_tensor("draft_probs", draft_probs)
     counts_in = to_tensor("num_draft_tokens", num_draft_tokens)
     cu_in = to_tensor("cu_num_draft_tokens", cu_num_draft_tokens)
@@ -524,7 +524,7 @@ def parse_rows(draft_token_ids: ArrayLike, target_rows: ArrayLike,
             if call is not None:
                 return call
     drafts_t = to_tensor("draft_token_ids", draft_token_ids)
-    target_t, target_name = _target_tensor(target_logits, target_probs)
+    target_t, target_name = target_tensor(target_logits, target_probs)
     rows_t = to_tensor("target_rows", target_rows)
     counts_t = to_tensor("num_draft_tokens", num_draft_tokens)
     q_t = to_tensor("draft_probs", draft_probs)

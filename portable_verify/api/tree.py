@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from portable_verify import dispatch
-from portable_verify.api.parse import read_options
+from portable_verify.api.parse import read_options, target_tensor
 from portable_verify.core import arguments, rng
 from portable_verify.core.arguments import ArrayLike, optional_count, to_tensor
 from portable_verify.core.tree import CHILDREN_MODES, Children, TreeInputs, TreeResult
@@ -71,17 +73,11 @@ def verify_tree(
     """
     opts = read_options(method, typical_eps, typical_alpha, options, backend, validate)
     method, typical = opts.method, opts.typical
-    if method == "block":
-        raise ValueError("method='block' verifies chains only (pv.verify); trees take 'auto', "
-                         "'rejection', 'typical' or 'greedy'")
-    if children not in CHILDREN_MODES:
-        raise ValueError(f"children must be one of {CHILDREN_MODES}, got {children!r}")
-    if not isinstance(validate, bool):
-        raise TypeError(f"validate must be True or False, got {validate!r}")
+    _check_tree_options(method, children, validate)
     return_numpy = not isinstance(node_token_ids, torch.Tensor)
     tokens = to_tensor("node_token_ids", node_token_ids)
     tree_parents = to_tensor("parents", parents)
-    target, target_name = _target_argument(target_logits, target_probs)
+    target, target_name = target_tensor(target_logits, target_probs)
     q = to_tensor("draft_probs", draft_probs)
     counts = to_tensor("num_nodes", num_nodes)
     explicit_u = to_tensor("uniforms", uniforms)
@@ -92,24 +88,10 @@ def verify_tree(
     v = target.shape[-1]
     device = target.device
     width = _width(max_depth, n)
-    tokens = tokens.to(device=device, dtype=torch.int64)
-    tree_parents = tree_parents.to(device=device, dtype=torch.int64)
-    counts = (torch.full((b,), n, dtype=torch.int64, device=device) if counts is None
-              else counts.to(device=device, dtype=torch.int64))
-    if method == "greedy":
-        temps = torch.zeros(b, dtype=torch.float32, device=device)
-        all_greedy, none_greedy = True, False
-    else:
-        temps, all_greedy, none_greedy = arguments.temperatures(
-            temperature, b, device, has_probs=target_name == "target_probs", validate=validate)
-    u = None
-    if not all_greedy:
-        if explicit_u is not None:
-            u = explicit_u.to(device=device, dtype=torch.float32)
-        else:
-            seeds = arguments.request_seeds(seed, b, device, validate)
-            offsets = arguments.request_offsets(seed_offset, b, device, validate)
-            u = rng.uniforms_torch(seeds, offsets, n)  # counters 2(i-1) and 1: rng's layout
+    tokens, tree_parents, counts = _on_device(tokens, tree_parents, counts, device)
+    temps, all_greedy, none_greedy, u = _randomness(
+        method, temperature, seed, seed_offset, explicit_u, b, n, device,
+        target_name == "target_probs", validate)
     chosen = dispatch.select_tree_backend(backend, device.type)
     if validate:
         checks = ValueChecks()
@@ -134,19 +116,46 @@ def verify_tree(
         typical=typical,
     )
     token_ids, node_ids, accepted = dispatch.run_tree(chosen, inputs)
-    out = (token_ids, node_ids, accepted, accepted + 1)
-    if return_numpy:
-        out = tuple(t.cpu().numpy() for t in out)
-    return TreeResult(*out)
+    return TreeResult.of(token_ids, node_ids, accepted, return_numpy)
 
 
-def _target_argument(target_logits: ArrayLike | None,
-                     target_probs: ArrayLike | None) -> tuple[torch.Tensor, str]:
-    logits = to_tensor("target_logits", target_logits)
-    probs = to_tensor("target_probs", target_probs)
-    if (logits is None) == (probs is None):
-        raise ValueError("give exactly one of target_logits and target_probs")
-    return (logits, "target_logits") if logits is not None else (probs, "target_probs")
+def _randomness(method: str, temperature: Any, seed: Any, seed_offset: Any,
+                explicit_u: torch.Tensor | None, b: int, n: int, device: torch.device,
+                has_probs: bool, validate: bool
+                ) -> tuple[torch.Tensor, bool, bool, torch.Tensor | None]:
+    """``(temperatures [B], all_greedy, none_greedy, uniforms [B, N] or None)``, as
+    ``verify`` derives them (node ``i``'s test on counter ``2(i-1)``, the draw on counter 1)."""
+    if method == "greedy":
+        return torch.zeros(b, dtype=torch.float32, device=device), True, False, None
+    temps, all_greedy, none_greedy = arguments.temperatures(
+        temperature, b, device, has_probs=has_probs, validate=validate)
+    if all_greedy:
+        return temps, all_greedy, none_greedy, None
+    if explicit_u is not None:
+        return temps, all_greedy, none_greedy, explicit_u.to(device=device, dtype=torch.float32)
+    seeds = arguments.request_seeds(seed, b, device, validate)
+    offsets = arguments.request_offsets(seed_offset, b, device, validate)
+    return temps, all_greedy, none_greedy, rng.uniforms_torch(seeds, offsets, n)
+
+
+def _on_device(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor | None,
+               device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tree's int64 tensors on the target's device (``num_nodes`` defaults to N)."""
+    b, n = tokens.shape
+    counts = (torch.full((b,), n, dtype=torch.int64, device=device) if counts is None
+              else counts.to(device=device, dtype=torch.int64))
+    return (tokens.to(device=device, dtype=torch.int64),
+            parents.to(device=device, dtype=torch.int64), counts)
+
+
+def _check_tree_options(method: str, children: str, validate: Any) -> None:
+    if method == "block":
+        raise ValueError("method='block' verifies chains only (pv.verify); trees take 'auto', "
+                         "'rejection', 'typical' or 'greedy'")
+    if children not in CHILDREN_MODES:
+        raise ValueError(f"children must be one of {CHILDREN_MODES}, got {children!r}")
+    if not isinstance(validate, bool):
+        raise TypeError(f"validate must be True or False, got {validate!r}")
 
 
 def _children_mode(children: str, q: torch.Tensor | None) -> Children:

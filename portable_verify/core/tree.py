@@ -95,6 +95,15 @@ class TreeResult:
     num_accepted: Any
     num_emitted: Any
 
+    @classmethod
+    def of(cls, token_ids: Any, node_ids: Any, num_accepted: Any,
+           as_numpy: bool) -> TreeResult:
+        """The result of a backend's tensors, as numpy arrays for a numpy caller."""
+        out = (token_ids, node_ids, num_accepted, num_accepted + 1)
+        if as_numpy:
+            out = tuple(t.cpu().numpy() for t in out)
+        return cls(*out)
+
 
 def tree_attention_mask(parents: Any) -> Any:
     """bool ``[B, N, N]``: ``mask[b, i, j]`` is True when node ``j`` is node ``i`` or one of its
