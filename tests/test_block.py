@@ -111,3 +111,22 @@ def test_wrong_block_rules_fail_the_acceptance_check() -> None:
     assert "case" not in exact.detail and "paired block" not in exact.detail, exact.detail
     for control, result in wrong.items():
         assert not result.passed and "paired block" in result.detail, (control, result.detail)
+
+
+@pytest.mark.parametrize("backend", BLOCK_BACKENDS)
+def test_ragged_door_equals_the_padded_door(backend: str) -> None:
+    """verify_ragged with method="block" decides as verify on the padded layout."""
+    gen = torch.Generator().manual_seed(5)
+    counts = torch.tensor([2, 0, 3, 1])
+    b, k, v = 4, 3, 6
+    p = torch.softmax(torch.randn(b, k + 1, v, generator=gen), -1)
+    q = torch.softmax(torch.randn(b, k, v, generator=gen), -1)
+    drafts = torch.randint(0, v, (b, k), generator=gen)
+    kw = {"method": "block", "seed": torch.arange(b), "backend": backend}
+    padded = pv.verify(drafts, target_probs=p, draft_probs=q, num_draft_tokens=counts, **kw)
+    flat_d = torch.cat([drafts[i, :n] for i, n in enumerate(counts.tolist())])
+    flat_p = torch.cat([p[i, : n + 1] for i, n in enumerate(counts.tolist())])
+    flat_q = torch.cat([q[i, :n] for i, n in enumerate(counts.tolist())])
+    ragged = pv.verify_ragged(flat_d, num_draft_tokens=counts, target_probs=flat_p,
+                              draft_probs=flat_q, max_num_draft_tokens=k, **kw)
+    assert torch.equal(ragged.token_ids, padded.token_ids)
