@@ -130,3 +130,21 @@ def test_ragged_door_equals_the_padded_door(backend: str) -> None:
     ragged = pv.verify_ragged(flat_d, num_draft_tokens=counts, target_probs=flat_p,
                               draft_probs=flat_q, max_num_draft_tokens=k, **kw)
     assert torch.equal(ragged.token_ids, padded.token_ids)
+
+
+def test_without_draft_probs_block_accepts_as_many_as_rejection() -> None:
+    """One-hot q: the closed forms of E[a] agree path by path (docs/semantics.md)."""
+    from portable_verify.testing.checks.block_verification import expected_accepted
+    from portable_verify.testing.stats.exact_laws import EXACT, EXACT_BLOCK
+
+    gen = np.random.default_rng(0)
+    for _ in range(20):
+        p = gen.dirichlet(np.ones(5), 4)
+        drafts = tuple(int(x) for x in gen.integers(0, 5, 3))
+        one_hot = np.eye(5)[list(drafts)]
+        block = expected_accepted(EXACT_BLOCK, drafts, p, one_hot)[0]
+        assert block == pytest.approx(expected_accepted(EXACT, drafts, p, one_hot)[0], abs=1e-12)
+    # With real draft probabilities they differ (the gain of stat.block_acceptance).
+    q = gen.dirichlet(np.ones(5), 3)
+    assert expected_accepted(EXACT_BLOCK, drafts, p, q)[0] != pytest.approx(
+        expected_accepted(EXACT, drafts, p, q)[0], abs=1e-6)
