@@ -148,7 +148,7 @@ def test_target_is_not_copied(monkeypatch: pytest.MonkeyPatch) -> None:
             seen.append(inputs)
             return super().run(inputs)
 
-    monkeypatch.setattr(dispatch, "select_backend", lambda name, device: Spy())
+    monkeypatch.setattr(dispatch, "select_backend", lambda name, device, method=None: Spy())
     monkeypatch.setattr(dispatch, "host_kernel", lambda name: None)  # the full front door
     target = torch.randn(2 + 3 + 2, 6)  # n = [2, 3]: N = 5, B = 2
     pv.verify_ragged(torch.tensor([1, 2, 3, 4, 5]), num_draft_tokens=torch.tensor([2, 3]),
