@@ -191,8 +191,9 @@ def _select(requested: str, device_type: str, method: str | None) -> Backend:
     if requested.startswith("auto:"):
         wanted = requested.partition(":")[2]
         candidates = AUTO_PREFERENCE.get(wanted, (f"torch:{wanted}",))
-        candidates = tuple(n for n in candidates if _has_method(_instantiate(n), method)) or (
-            f"torch:{wanted}",)
+        if method is not None:  # greedy-only calls need no filter
+            candidates = tuple(n for n in candidates
+                               if _has_method(_instantiate(n), method)) or (f"torch:{wanted}",)
         for i, name in enumerate(candidates):
             backend = _instantiate(name)
             status = backend.availability()

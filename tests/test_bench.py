@@ -157,7 +157,8 @@ def test_bench_cli_writes_every_figure(tmp_path: Path) -> None:
     cells = data["cells"]
     assert {(c["B"], c["variant"]) for c in cells} == {
         (b, v) for b in (1, 3)
-        for v in ("greedy/logits", "rejection/logits", "rejection/probs", "typical/logits")}
+        for v in ("greedy/logits", "rejection/logits", "rejection/probs", "typical/logits",
+                  "block/logits", "block/probs")}
     has_hf = importlib.util.find_spec("transformers") is not None
     for c in cells:
         t, r = c["times_ms"], c["ratios"]
@@ -170,6 +171,12 @@ def test_bench_cli_writes_every_figure(tmp_path: Path) -> None:
         assert (t["vllm_v0_typical"] is not None) == (c["method"] == "typical")
         hf_applies = has_hf and c["B"] == 1 and c["method"] == "rejection"
         assert (t["hf"] is not None) == hf_applies, c["variant"]
+        is_block = c["method"] == "block"
+        assert (t["rejection_same_inputs"] is not None) == is_block, c["variant"]
+        if is_block:  # timed beside rejection on the same inputs; drafts' acceptance stated
+            assert r["x_rejection"] == pytest.approx(t["verify"] / t["rejection_same_inputs"])
+            assert len(c["acceptance_per_position"]) == c["K"]
+            assert all(0 < a <= 1 for a in c["acceptance_per_position"])
     # Rejection from probabilities must read only one row of p and q per request.
     b3 = {c["variant"]: c["floor_bytes"] for c in cells if c["B"] == 3}
     assert b3["rejection/probs"] == 2 * 3 * 300 * 4

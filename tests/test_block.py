@@ -111,3 +111,40 @@ def test_wrong_block_rules_fail_the_acceptance_check() -> None:
     assert "case" not in exact.detail and "paired block" not in exact.detail, exact.detail
     for control, result in wrong.items():
         assert not result.passed and "paired block" in result.detail, (control, result.detail)
+
+
+@pytest.mark.parametrize("backend", BLOCK_BACKENDS)
+def test_ragged_door_equals_the_padded_door(backend: str) -> None:
+    """verify_ragged with method="block" decides as verify on the padded layout."""
+    gen = torch.Generator().manual_seed(5)
+    counts = torch.tensor([2, 0, 3, 1])
+    b, k, v = 4, 3, 6
+    p = torch.softmax(torch.randn(b, k + 1, v, generator=gen), -1)
+    q = torch.softmax(torch.randn(b, k, v, generator=gen), -1)
+    drafts = torch.randint(0, v, (b, k), generator=gen)
+    kw = {"method": "block", "seed": torch.arange(b), "backend": backend}
+    padded = pv.verify(drafts, target_probs=p, draft_probs=q, num_draft_tokens=counts, **kw)
+    flat_d = torch.cat([drafts[i, :n] for i, n in enumerate(counts.tolist())])
+    flat_p = torch.cat([p[i, : n + 1] for i, n in enumerate(counts.tolist())])
+    flat_q = torch.cat([q[i, :n] for i, n in enumerate(counts.tolist())])
+    ragged = pv.verify_ragged(flat_d, num_draft_tokens=counts, target_probs=flat_p,
+                              draft_probs=flat_q, max_num_draft_tokens=k, **kw)
+    assert torch.equal(ragged.token_ids, padded.token_ids)
+
+
+def test_without_draft_probs_block_accepts_as_many_as_rejection() -> None:
+    """One-hot q: the closed forms of E[a] agree path by path (docs/semantics.md)."""
+    from portable_verify.testing.checks.block_verification import expected_accepted
+    from portable_verify.testing.stats.exact_laws import EXACT, EXACT_BLOCK
+
+    gen = np.random.default_rng(0)
+    for _ in range(20):
+        p = gen.dirichlet(np.ones(5), 4)
+        drafts = tuple(int(x) for x in gen.integers(0, 5, 3))
+        one_hot = np.eye(5)[list(drafts)]
+        block = expected_accepted(EXACT_BLOCK, drafts, p, one_hot)[0]
+        assert block == pytest.approx(expected_accepted(EXACT, drafts, p, one_hot)[0], abs=1e-12)
+    # With real draft probabilities they differ (the gain of stat.block_acceptance).
+    q = gen.dirichlet(np.ones(5), 3)
+    assert expected_accepted(EXACT_BLOCK, drafts, p, q)[0] != pytest.approx(
+        expected_accepted(EXACT, drafts, p, q)[0], abs=1e-6)

@@ -35,7 +35,8 @@ def verify(
         target_logits: float ``[B, K+1, V]`` target scores; row ``K`` is the bonus position.
         target_probs: float ``[B, K+1, V]`` target probabilities (instead of logits).
         draft_probs: float ``[B, K, V]`` draft distributions, or None for a deterministic draft.
-        method: ``"auto"``/``"rejection"`` (exact), ``"typical"`` (Medusa, lossy) or ``"greedy"``.
+        method: ``"auto"``/``"rejection"`` (exact), ``"block"`` (exact, the chain judged at
+            once), ``"typical"`` (Medusa, lossy) or ``"greedy"``.
         temperature: None (=1), a float, or float ``[B]``; rows at 0 are greedy.
         num_draft_tokens: int ``[B]``; row ``i`` uses its first ``n_i <= K`` drafts.
         seed: int ``[B]`` per-request seeds, one int for the batch, or None (torch's generator).

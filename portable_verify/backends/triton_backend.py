@@ -115,9 +115,11 @@ class TritonBackend(Backend):
 
     @property
     def traits(self) -> BackendTraits:  # type: ignore[override]
+        methods = ("rejection", "typical", "block")
         if self.device == INTERPRETER:  # tens of ms per request: quick sizes, no statistics
-            return BackendTraits(statistical_sizes=False, full_conformance_sizes=False)
-        return BackendTraits()
+            return BackendTraits(statistical_sizes=False, full_conformance_sizes=False,
+                                 sampled_methods=methods)
+        return BackendTraits(sampled_methods=methods)
 
     def torch_device_type(self) -> str:
         return "cpu" if self.device == INTERPRETER else str(self.device)

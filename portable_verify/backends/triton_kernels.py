@@ -1,4 +1,4 @@
-"""Triton kernels for all three verification methods, and their launcher :func:`verify_triton`.
+"""Triton kernels for every method (greedy, rejection, typical, block) and their launcher.
 
 Design (docs/backends.md, "CUDA, XPU and Triton"): at most two launches per call, no host sync.
 
@@ -147,6 +147,67 @@ def _row_stats_kernel(
             tl.store(ent_ptr + out, w)
 
 
+@_device
+def _block_accepted(
+    target_ptr, target_stride, rows_ptr, drafts_ptr, q_ptr, q_stride, qrows_ptr,
+    max_ptr, sum_ptr, b, n, lanes, live, px, qx, u, t_safe,
+    V, K, R, RQ,
+    IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr,
+):  # fmt: skip
+    """Block verification's accepted count ``a`` and the residual's scale ``P_{a-1}``
+    (docs/semantics.md): the chain ``P_j`` over the lanes, then the backward scan, which reads
+    row ``j+1`` (for ``Z_j``) only where it reaches ``j`` with ``u_j <= P_j``."""
+    K1 = K + 1
+    pxs = tl.where(live, px, 0.0)
+    prev = tl.sum(tl.zeros([KB], tl.float32), 0) + 1.0
+    chain = tl.zeros([KB], tl.float32)
+    for j in range(KB):
+        pj = tl.sum(tl.where(lanes == j, pxs, 0.0), 0)
+        qj = tl.sum(tl.where(lanes == j, qx, 0.0), 0)
+        ratio = tl.minimum(prev * pj / tl.where(qj == 0, 1.0, qj), 1.0)
+        prev = tl.where((prev == 0) | (pj == 0), 0.0, tl.where(qj == 0, 1.0, ratio))
+        chain = tl.where(lanes == j, prev, chain)
+    a = n * 0
+    searching = n > 0
+    lane = tl.arange(0, BLOCK)
+    for jj in range(KB):
+        j = KB - 1 - jj
+        pj = tl.sum(tl.where(lanes == j, chain, 0.0), 0)
+        uj = tl.sum(tl.where(lanes == j, u, 0.0), 0)
+        cand = searching & (j < n) & (uj <= pj)
+        last = cand & (n == j + 1)
+        a = tl.where(last, n, a)
+        searching = searching & (last == 0)
+        mid = cand & (n > j + 1)
+        if mid:  # Z_j from rows j+1 of p and q
+            row = _clamped(tl.load(rows_ptr + b * K1 + j + 1), R)
+            base = target_ptr + row * target_stride
+            if IS_LOGITS:
+                m1 = tl.load(max_ptr + b * K1 + j + 1)
+                s1 = tl.load(sum_ptr + b * K1 + j + 1)
+            else:
+                m1 = 0.0
+                s1 = 1.0
+            x1 = _clamped(tl.load(drafts_ptr + b * K + j + 1), V)
+            if HAS_Q:
+                qbase = q_ptr + _clamped(tl.load(qrows_ptr + b * K + j + 1), RQ) * q_stride
+            z = tl.sum(tl.zeros([BLOCK], tl.float64), 0)
+            for start in range(0, V, BLOCK):
+                offs = start + lane
+                p = _p_chunk(base, offs, V, t_safe, m1, s1, IS_LOGITS)
+                if HAS_Q:
+                    q = tl.load(qbase + offs, mask=offs < V, other=0.0).to(tl.float32)
+                else:
+                    q = tl.where(offs == x1, 1.0, 0.0)
+                z += tl.sum(tl.maximum(pj * p - q, 0.0).to(tl.float64), 0)
+            h = tl.where(z > 0, z / (z + (1.0 - pj.to(tl.float64))), 0.0)
+            hit = uj.to(tl.float64) <= h
+            a = tl.where(hit, j + 1, a)
+            searching = searching & (hit == 0)
+    scale = tl.where(a > 0, tl.sum(tl.where(lanes == a - 1, chain, 0.0), 0), 1.0)
+    return a, scale
+
+
 @_kernel
 def _decide_kernel(
     target_ptr, target_stride, rows_ptr, drafts_ptr, counts_ptr, temp_ptr, u_ptr,
@@ -155,7 +216,8 @@ def _decide_kernel(
     tokens_ptr, accepted_ptr,
     V, K, R, RQ, eps, alpha,
     IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, HAS_U: tl.constexpr,
-    HAS_GREEDY: tl.constexpr, TYPICAL: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr,
+    HAS_GREEDY: tl.constexpr, TYPICAL: tl.constexpr, BLOCK_VERIFY: tl.constexpr,
+    BLOCK: tl.constexpr, KB: tl.constexpr,
 ):  # fmt: skip
     b = tl.program_id(0)
     K1 = K + 1
@@ -209,6 +271,13 @@ def _decide_kernel(
         ok_s = (px > 0) & (u * qx <= px)
     ok = ((greedy_draft & ok_g) | (sampled & ok_s)) & in_vocab
     a = tl.min(tl.where(ok, KB, lanes), 0).to(n.dtype)  # lanes >= n are never ok, so a <= n
+    scale = tl.sum(tl.zeros([BLOCK], tl.float32), 0) + 1.0  # P_{a-1}: 1 outside block
+    if BLOCK_VERIFY:  # sampled rows: block verification's a (greedy rows keep the prefix)
+        a_blk, scale = _block_accepted(
+            target_ptr, target_stride, rows_ptr, drafts_ptr, q_ptr, q_stride, qrows_ptr,
+            max_ptr, sum_ptr, b, n, lanes, sampled & in_vocab, px, qx, u, t_safe,
+            V, K, R, RQ, IS_LOGITS, HAS_Q, BLOCK, KB)
+        a = tl.where(greedy, a, a_blk)
 
     rejected = a < n
     stat_a = b * K1 + a
@@ -257,7 +326,7 @@ def _decide_kernel(
                     q = q.to(tl.float32)
                 else:
                     q = tl.where(offs == x_a, 1.0, 0.0)
-                r = tl.where(rejected, tl.maximum(p - q, 0.0), 0.0)
+                r = tl.where(rejected, tl.maximum(scale * p - q, 0.0), 0.0)
                 total_r += _last_of_cumsum(r.to(tl.float64), BLOCK)
                 total_p += _last_of_cumsum(p.to(tl.float64), BLOCK)
             use_r = rejected & (total_r > 0)
@@ -278,7 +347,7 @@ def _decide_kernel(
                     q = q.to(tl.float32)
                 else:
                     q = tl.where(offs == x_a, 1.0, 0.0)
-                wgt = tl.where(use_r, tl.maximum(p - q, 0.0), p)
+                wgt = tl.where(use_r, tl.maximum(scale * p - q, 0.0), p)
                 c = carry + tl.cumsum(wgt.to(tl.float64), 0)
                 positive = wgt > 0
                 hit = positive & (c >= threshold)
@@ -329,7 +398,9 @@ def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
     v = target.shape[1]
     q = None if inputs.draft_probs is None else _rows_contiguous(inputs.draft_probs,
                                                                   interpreted_kernels)
-    typical = inputs.sampled_method == "typical" and not inputs.all_greedy
+    method = inputs.sampled_method  # the one place the launcher reads it
+    typical = method == "typical" and not inputs.all_greedy
+    block = method == "block" and not inputs.all_greedy
     has_greedy = not inputs.none_greedy
     need_softmax = inputs.target_is_logits and not inputs.all_greedy
     need_entropy = typical
@@ -359,7 +430,7 @@ def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
         float(inputs.options.typical.eps), float(inputs.options.typical.alpha),
         IS_LOGITS=inputs.target_is_logits, HAS_Q=q is not None,
         HAS_U=inputs.uniforms is not None, HAS_GREEDY=has_greedy, TYPICAL=typical,
-        BLOCK=_block(v, 1024 if interpreted_kernels else 2048),
+        BLOCK_VERIFY=block, BLOCK=_block(v, 1024 if interpreted_kernels else 2048),
         KB=max(2, triton.next_power_of_2(k + 1)),
         **({} if interpreted_kernels else {"num_warps": 4, **_COMPILE_OPTIONS}),
     )  # fmt: skip

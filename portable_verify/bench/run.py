@@ -72,11 +72,19 @@ def plan(config: BenchConfig) -> list[Measurement]:
     return out
 
 
-def resolve_backends(requested: list[str], device: torch.device) -> list[str]:
-    """Backend names to time on ``device`` (``auto`` becomes the backend it selects)."""
+def resolve_backends(requested: list[str], device: torch.device,
+                     method: str | None = None) -> list[str]:
+    """Backend names to time on ``device`` (``auto`` becomes the backend it selects for
+    ``method``)."""
     names: list[str] = []
     for name in requested:
-        chosen = select_backend(name, device.type).qualified_name if name == "auto" else name
+        sampled = None if method == "greedy" else method
+        chosen = (select_backend(name, device.type, sampled).qualified_name if name == "auto"
+                  else name)
+        if sampled is not None and sampled not in pv.get_backend(chosen).traits.sampled_methods:
+            print(f"bench: {chosen} does not implement method={sampled!r}; not timed",
+                  file=sys.stderr)
+            continue
         if chosen not in names:
             names.append(chosen)
     return names
@@ -216,11 +224,15 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
 def run(config: BenchConfig) -> Iterator[tuple[Measurement, list[dict[str, Any]]]]:
     """Yield ``(measurement, cells)`` one measurement at a time (for a progress bar); the
     thread counts of the caller's pools are restored at the end."""
-    backends_by_device = {d: resolve_backends(config.backends, d) for d in config.devices}
+    methods = {v.method for v in config.variants}
+    backends_by = {(d, method): resolve_backends(config.backends, d, method)
+                   for d in config.devices for method in methods}
     with threads.restored():
         for m in plan(config):
+            backends = backends_by[(m.device, m.variant.method)]
+            if not backends:
+                continue
             inputs = make_inputs(m.shape, m.variant, DTYPES[m.dtype], m.device)
-            backends = backends_by_device[m.device]
             base, info = _contenders(m, inputs, backends, config.validation)
             contenders = {f"{name}@{count}": fn for count in config.threads
                           for name, fn in base.items()}

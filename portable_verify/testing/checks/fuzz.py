@@ -92,6 +92,11 @@ def _slow(backend: str) -> bool:
     return traits is not None and not traits.statistical_sizes
 
 
+def _has_block(backend: str) -> bool:
+    traits = getattr(pv.get_backend(backend), "traits", None)
+    return traits is not None and "block" in traits.sampled_methods
+
+
 def _strategy(backend: str, garbage: bool) -> Any:
     from hypothesis import strategies as st
 
@@ -112,7 +117,8 @@ def _strategy(backend: str, garbage: bool) -> Any:
     return st.builds(
         FuzzCase,
         spec=spec,
-        method=st.sampled_from(["auto", "greedy", "rejection", "typical"]),
+        method=st.sampled_from(["auto", "greedy", "rejection", "typical",
+                                *(["block"] if _has_block(backend) else [])]),
         ragged=st.booleans(),
         numpy=st.booleans(),
         float_dtype=st.sampled_from(FLOATS),

@@ -98,9 +98,10 @@ def _draw_ambiguous(w: np.ndarray, v: float, abs_err: float) -> bool:
     return bool((np.abs(c - threshold) <= bound).any())
 
 
-BLOCK_SUM_RTOL = 1e-9
-"""Relative error allowed in ``Z_j`` from inputs given as probabilities: its float32 terms are
-the same in every backend, only the order of their float64 sum differs."""
+BLOCK_SUM_RTOL = 1e-5
+"""Relative error allowed in ``h_j`` from inputs given as probabilities: the float32 terms of
+``Z_j`` are the same in every backend, but a backend may sum them in float32 blocks before
+widening (docs/semantics.md), ~1e-7 relative at V = 128k; the bound leaves a wide margin."""
 
 
 def _block_row_near_boundary(
