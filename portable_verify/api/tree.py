@@ -93,12 +93,9 @@ def verify_tree(
         method, temperature, seed, seed_offset, explicit_u, b, n, device,
         target_name == "target_probs", validate)
     chosen = dispatch.select_tree_backend(backend, device.type)
-    if validate:
-        checks = ValueChecks()
-        check_tree_values(checks, tokens, tree_parents, counts, target, target_name, q,
-                          max_depth)
-        _check_temperatures_and_uniforms(checks, temps, target_name, u, explicit_u is not None)
-        checks.raise_first()
+    if validate:  # every value check, in one host transfer
+        _check_values(tokens, tree_parents, counts, target, target_name, q, max_depth, temps, u,
+                      explicit_u is not None)
     inputs = TreeInputs(
         node_token_ids=tokens,
         parents=tree_parents,
@@ -146,6 +143,16 @@ def _on_device(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor
               else counts.to(device=device, dtype=torch.int64))
     return (tokens.to(device=device, dtype=torch.int64),
             parents.to(device=device, dtype=torch.int64), counts)
+
+
+def _check_values(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor,
+                  target: torch.Tensor, target_name: str, q: torch.Tensor | None,
+                  max_depth: int | None, temps: torch.Tensor, u: torch.Tensor | None,
+                  explicit_u: bool) -> None:
+    checks = ValueChecks()
+    check_tree_values(checks, tokens, parents, counts, target, target_name, q, max_depth)
+    _check_temperatures_and_uniforms(checks, temps, target_name, u, explicit_u)
+    checks.raise_first()
 
 
 def _check_tree_options(method: str, children: str, validate: Any) -> None:

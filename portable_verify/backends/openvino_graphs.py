@@ -222,6 +222,18 @@ def _clamp_index(index: Node, size: Node) -> Node:
     return ops.minimum(ops.maximum(index, _i64(0)), ops.subtract(size, _i64(1)))
 
 
+def _row_temperatures(temp: Node, rows: Node, target: Node) -> Node:
+    """``[R]``: each target row's request temperature, clamped into the normal float32 range as
+    the reference does (+inf -> the largest float; 1 on greedy rows, whose draw is unused)."""
+    normal_t = ops.minimum(ops.maximum(temp, _f32(FLOAT32_TINY)), _f32(FLOAT32_MAX))
+    safe_t = ops.select(ops.greater(temp, _f32(0.0)), normal_t, _f32(1.0))
+    return ops.scatter_nd_update(
+        ops.broadcast(_f32(1.0), ops.unsqueeze(_dim(target, 0), _i64(0))),
+        ops.reshape(rows, _i64([-1, 1]), False),
+        ops.reshape(ops.broadcast(_col(safe_t), ops.shape_of(rows, "i64")), _i64([-1]), False),
+    )
+
+
 def _sampled(
     variant: Variant,
     inp: dict[str, Node],
@@ -241,16 +253,7 @@ def _sampled(
     if variant.is_logits:
         # p = e / s with e = exp((logits - max) / T), as the numpy reference computes it:
         # subtracting first keeps the quotient in [-inf, 0] (logits / T alone can overflow).
-        temp = inp["temperature"]
-        # T clamped into the normal float32 range, as the reference does (+inf -> largest float).
-        normal_t = ops.minimum(ops.maximum(temp, _f32(FLOAT32_TINY)), _f32(FLOAT32_MAX))
-        safe_t = ops.select(ops.greater(temp, _f32(0.0)), normal_t, _f32(1.0))
-        row_t = ops.scatter_nd_update(
-            ops.broadcast(_f32(1.0), ops.unsqueeze(_dim(target, 0), _i64(0))),
-            ops.reshape(rows, _i64([-1, 1]), False),
-            ops.reshape(ops.broadcast(_col(safe_t), ops.shape_of(rows, "i64")), _i64([-1]), False),
-        )
-        t_col = _col(row_t)  # [R, 1]
+        t_col = _col(_row_temperatures(inp["temperature"], rows, target))  # [R, 1]
         if row_max is None:
             row_max = ops.reduce_max(target, _i64([1]), True)
         zm = ops.divide(ops.subtract(target, row_max), t_col)  # z - max z
@@ -266,7 +269,7 @@ def _sampled(
 
         if variant.kind == "typical":
             # H = -sum p log p with log p = (z - max z) - log s: the CPU plugin's Log is a slow
-            # reference kernel (~4 ns/element), so only [R] logs are taken here. A -inf logit
+            # reference kernel, so only [R] logs are taken here. A -inf logit
             # has e = 0; clamping z - max z to the lowest float makes its term 0, not NaN.
             lowest = _f32(float(np.finfo(np.float32).min))
             e_zm = ops.multiply(e, ops.maximum(zm, lowest))

@@ -208,6 +208,91 @@ def _block_accepted(
     return a, scale
 
 
+@_device
+def _target_prob_at(value_ptr, max_ptr, sum_ptr, mask, t_safe, IS_LOGITS: tl.constexpr):
+    """``p(x)`` at the draft lanes: the value itself, or its softmax from the row's max and
+    normaliser (``-inf`` logits: 0)."""
+    val = tl.load(value_ptr, mask=mask, other=0.0).to(tl.float32)
+    if IS_LOGITS:
+        m = tl.load(max_ptr, mask=mask, other=0.0)
+        s = tl.load(sum_ptr, mask=mask, other=1.0)
+        val = tl.where(val > float("-inf"), tl.exp((val - m) / t_safe) / s, 0.0)
+    return val
+
+
+@_device
+def _row_argmax(base, t_safe, m_a, s_a, V, IS_LOGITS: tl.constexpr, BLOCK: tl.constexpr):
+    """First index of the maximum of one target row's ``p`` (typical's recovered token)."""
+    lane = tl.arange(0, BLOCK)
+    best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
+    best_idx = tl.min(tl.zeros([BLOCK], tl.int32), 0)
+    for start in range(0, V, BLOCK):
+        offs = start + lane
+        p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
+        p = tl.where(offs < V, p, float("-inf"))
+        best, best_idx = _chunk_first_argmax(p, offs, best, best_idx, V)
+    return best_idx
+
+
+@_device
+def _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a, rejected, scale,
+                t_safe, m_a, s_a, V, K, RQ,
+                IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+    """The one inverse-CDF draw of a sampled request: from the residual
+    ``max(0, scale * p - q)`` at a rejection, else (bonus, empty residual) from ``p``."""
+    K1 = K + 1
+    lane = tl.arange(0, BLOCK)
+    zero = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
+    # Weights: residual max(0, p - q) at a rejection, else (bonus / empty residual) p.
+    x_a = tl.load(drafts_ptr + b * K + a, mask=rejected, other=-1)  # -1: no one-hot
+    if HAS_Q:
+        qrow_a = _clamped(tl.load(qrows_ptr + b * K + a, mask=rejected, other=0), RQ)
+        qbase = q_ptr + qrow_a * q_stride
+    q_len = tl.where(rejected, V, 0)  # q is read only at a rejection
+    # Prefix sums accumulate in float64 (docs/semantics.md, inverse-CDF draw).
+    total_r = zero.to(tl.float64)
+    total_p = zero.to(tl.float64)
+    for start in range(0, V, BLOCK):
+        offs = start + lane
+        p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
+        if HAS_Q:
+            q = tl.load(qbase + offs, mask=offs < q_len, other=0.0)
+            q = q.to(tl.float32)
+        else:
+            q = tl.where(offs == x_a, 1.0, 0.0)
+        r = tl.where(rejected, tl.maximum(scale * p - q, 0.0), 0.0)
+        total_r += _last_of_cumsum(r.to(tl.float64), BLOCK)
+        total_p += _last_of_cumsum(p.to(tl.float64), BLOCK)
+    use_r = rejected & (total_r > 0)
+    q_len = tl.where(use_r, V, 0)
+    v_draw = tl.load(u_ptr + b * K1 + K).to(tl.float64)
+    threshold = v_draw * tl.where(use_r, total_r, total_p)
+    # Smallest t with cumsum[t] >= threshold and w[t] > 0; the w > 0 guard and the
+    # last-positive fallback keep the pick valid whatever the scan's rounding.
+    carry = zero.to(tl.float64)
+    pick = tl.min(tl.full([BLOCK], -1, tl.int32), 0)
+    last_pos = pick * 0
+    start = pick * 0
+    while (start < V) & (pick < 0):
+        offs = start + lane
+        p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
+        if HAS_Q:
+            q = tl.load(qbase + offs, mask=offs < q_len, other=0.0)
+            q = q.to(tl.float32)
+        else:
+            q = tl.where(offs == x_a, 1.0, 0.0)
+        wgt = tl.where(use_r, tl.maximum(scale * p - q, 0.0), p)
+        c = carry + tl.cumsum(wgt.to(tl.float64), 0)
+        positive = wgt > 0
+        hit = positive & (c >= threshold)
+        first = tl.min(tl.where(hit, offs, V), 0)
+        pick = tl.where(first < V, first, pick)
+        last_pos = tl.maximum(last_pos, tl.max(tl.where(positive, offs, 0), 0))
+        carry += _last_of_cumsum(wgt.to(tl.float64), BLOCK)
+        start += BLOCK
+    return tl.where(pick >= 0, pick, last_pos)
+
+
 @_kernel
 def _decide_kernel(
     target_ptr, target_stride, rows_ptr, drafts_ptr, counts_ptr, temp_ptr, u_ptr,
@@ -248,13 +333,8 @@ def _decide_kernel(
     else:
         ok_g = x != x  # all False
     row = _clamped(tl.load(rows_ptr + b * K1 + lanes, mask=sampled, other=0), R)
-    val = tl.load(target_ptr + row * target_stride + x, mask=sampled, other=0.0).to(tl.float32)
-    if IS_LOGITS:
-        m = tl.load(max_ptr + stat, mask=sampled, other=0.0)
-        s = tl.load(sum_ptr + stat, mask=sampled, other=1.0)
-        px = tl.where(val > float("-inf"), tl.exp((val - m) / t_safe) / s, 0.0)
-    else:
-        px = val
+    px = _target_prob_at(target_ptr + row * target_stride + x, max_ptr + stat, sum_ptr + stat,
+                         sampled, t_safe, IS_LOGITS)
     if TYPICAL:
         h = tl.load(ent_ptr + stat, mask=sampled, other=0.0)
         ok_s = px > tl.minimum(eps, alpha * tl.exp(-h))
@@ -293,70 +373,17 @@ def _decide_kernel(
         else:
             m_a = 0.0
             s_a = 1.0
-        lane = tl.arange(0, BLOCK)
-        zero = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
         do_draw = rejected == 0
         if not TYPICAL:
             do_draw = rejected == rejected
         if TYPICAL:  # noqa: SIM102 - a constexpr test around a run-time one
             if rejected:  # recovered token: argmax of p_a, lowest index on ties
-                best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
-                best_idx = tl.min(tl.zeros([BLOCK], tl.int32), 0)
-                for start in range(0, V, BLOCK):
-                    offs = start + lane
-                    p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
-                    p = tl.where(offs < V, p, float("-inf"))
-                    best, best_idx = _chunk_first_argmax(p, offs, best, best_idx, V)
-                final = best_idx.to(final.dtype)
+                final = _row_argmax(base, t_safe, m_a, s_a, V, IS_LOGITS,
+                                    BLOCK).to(final.dtype)
         if do_draw:
-            # Weights: residual max(0, p - q) at a rejection, else (bonus / empty residual) p.
-            x_a = tl.load(drafts_ptr + b * K + a, mask=rejected, other=-1)  # -1: no one-hot
-            if HAS_Q:
-                qrow_a = _clamped(tl.load(qrows_ptr + b * K + a, mask=rejected, other=0), RQ)
-                qbase = q_ptr + qrow_a * q_stride
-            q_len = tl.where(rejected, V, 0)  # q is read only at a rejection
-            # Prefix sums accumulate in float64 (docs/semantics.md, inverse-CDF draw).
-            total_r = zero.to(tl.float64)
-            total_p = zero.to(tl.float64)
-            for start in range(0, V, BLOCK):
-                offs = start + lane
-                p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
-                if HAS_Q:
-                    q = tl.load(qbase + offs, mask=offs < q_len, other=0.0)
-                    q = q.to(tl.float32)
-                else:
-                    q = tl.where(offs == x_a, 1.0, 0.0)
-                r = tl.where(rejected, tl.maximum(scale * p - q, 0.0), 0.0)
-                total_r += _last_of_cumsum(r.to(tl.float64), BLOCK)
-                total_p += _last_of_cumsum(p.to(tl.float64), BLOCK)
-            use_r = rejected & (total_r > 0)
-            q_len = tl.where(use_r, V, 0)
-            v_draw = tl.load(u_ptr + b * K1 + K).to(tl.float64)
-            threshold = v_draw * tl.where(use_r, total_r, total_p)
-            # Smallest t with cumsum[t] >= threshold and w[t] > 0; the w > 0 guard and the
-            # last-positive fallback keep the pick valid whatever the scan's rounding.
-            carry = zero.to(tl.float64)
-            pick = tl.min(tl.full([BLOCK], -1, tl.int32), 0)
-            last_pos = pick * 0
-            start = pick * 0
-            while (start < V) & (pick < 0):
-                offs = start + lane
-                p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
-                if HAS_Q:
-                    q = tl.load(qbase + offs, mask=offs < q_len, other=0.0)
-                    q = q.to(tl.float32)
-                else:
-                    q = tl.where(offs == x_a, 1.0, 0.0)
-                wgt = tl.where(use_r, tl.maximum(scale * p - q, 0.0), p)
-                c = carry + tl.cumsum(wgt.to(tl.float64), 0)
-                positive = wgt > 0
-                hit = positive & (c >= threshold)
-                first = tl.min(tl.where(hit, offs, V), 0)
-                pick = tl.where(first < V, first, pick)
-                last_pos = tl.maximum(last_pos, tl.max(tl.where(positive, offs, 0), 0))
-                carry += _last_of_cumsum(wgt.to(tl.float64), BLOCK)
-                start += BLOCK
-            final = tl.where(pick >= 0, pick, last_pos).to(final.dtype)
+            final = _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a,
+                                rejected, scale, t_safe, m_a, s_a, V, K, RQ, IS_LOGITS, HAS_Q,
+                                BLOCK).to(final.dtype)
 
     final = tl.minimum(tl.maximum(final, 0), V - 1)
     d = _clamped(tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0), V)
