@@ -102,10 +102,13 @@ def check_tree_values(checks: ValueChecks, tokens: torch.Tensor, parents: torch.
     else:
         check_probs(checks, target_name, flat, rows)
     if q is not None:
-        has_child = torch.zeros(b, n, dtype=torch.bool, device=tokens.device)
-        owner = torch.where(proposed & ~bad_parent, parents, 0).clamp(0, n - 1)
-        has_child.scatter_(1, owner, proposed & ~bad_parent)
-        check_probs(checks, "draft_probs", q.reshape(b * n, v), (has_child & below).reshape(-1))
+        # Non-children write to a spare column N, so no True races a False on a real parent.
+        child = proposed & ~bad_parent
+        owner = torch.where(child, parents, n)
+        has_child = torch.zeros(b, n + 1, dtype=torch.bool, device=tokens.device)
+        has_child.scatter_(1, owner, child)
+        check_probs(checks, "draft_probs", q.reshape(b * n, v),
+                    (has_child[:, :n] & below).reshape(-1))
     if max_depth is not None:
         deep = node_depths(parents, used & ~bad_parent) > max_depth
         checks.add(deep.any(), lambda: f"the tree is deeper than max_depth={max_depth}: "
