@@ -204,3 +204,14 @@ def test_torch_device_code_path_on_cpu(name: str, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(torch_eager, "HOST_ARRAYS", False)
     result = kit.run_check(name, "torch:cpu", quick=True)
     assert result.passed, result.detail
+
+
+def test_max_depth_counts_only_nodes_a_walk_can_reach() -> None:
+    """A -1 node's subtree is unreachable, so it cannot make the tree too deep; the same chain
+    with the node proposed is one level too deep."""
+    parents = torch.tensor([[-1, 0, 1, 2]])
+    call = {"target_logits": torch.zeros(1, 4, 3), "max_depth": 1, "method": "greedy"}
+    res = pv.verify_tree(torch.tensor([[0, 1, -1, 2]]), parents, **call)
+    assert res.token_ids.shape == (1, 2)
+    with pytest.raises(ValueError, match="max_depth=1"):
+        pv.verify_tree(torch.tensor([[0, 1, 2, 2]]), parents, **call)
