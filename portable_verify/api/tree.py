@@ -69,7 +69,7 @@ def verify_tree(
     >>> logits = torch.tensor([[[0., 5., 1.], [9., 0., 0.], [0., 0., 3.]]])
     >>> pv.verify_tree(torch.tensor([[0, 2, 1]]), torch.tensor([[-1, 0, 0]]),
     ...                target_logits=logits, method="greedy").token_ids
-    tensor([[1, 2, -1]])
+    tensor([[ 1,  2, -1]])
     """
     opts = read_options(method, typical_eps, typical_alpha, options, backend, validate)
     method, typical = opts.method, opts.typical
