@@ -1,8 +1,8 @@
 """Statistical tree conformance: the emitted sequence follows the target's law in every
 ``children`` mode, and deliberately wrong tree rules are caught.
 
-Scenario (testing/stats/tree_laws.py): V = 4, trees of depth 3 with 4, 2 and 1 children per
-node at depths 0, 1, 2 (N = 21 nodes), redrawn from the draft every trial; each sequence is
+Scenario (testing/stats/tree_laws.py): V = 4, trees of depth 3 with 3, 3 and 1 children per
+node at depths 0, 1, 2 (N = 22 nodes), redrawn from the draft every trial; each sequence is
 completed by target samples to 4 tokens and binned over the 4^4 = 256 sequences.
 
 Sizes and error rates: 20,000 trials per mode (6,000 under ``quick``), one request per trial in
