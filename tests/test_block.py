@@ -102,15 +102,23 @@ def test_numpy_inputs_through_the_lean_path_are_decided_by_block() -> None:
 def test_wrong_block_rules_fail_the_acceptance_check() -> None:
     """Negative controls of ``stat.block_acceptance``: a rule that stops at the first failure
     or takes ``h`` at the last position as in the middle moves the mean accepted count far
-    outside the closed form; the correct rule in the same test double passes the block tests
-    (its "paired rejection" line fails only because a control runs block for every method)."""
+    outside the closed form; ``method="block"`` running token-wise rejection (``_exact_rule``:
+    lossless, so only acceptance can show it) misses the per-case closed forms. The correct rule
+    in the same test double passes the block tests (its paired rejection mean fails only because
+    a control runs block for every method)."""
     with controls_registered():
         exact = block_acceptance("_exact_block_rule", quick=True)
         wrong = {c: block_acceptance(c, quick=True) for c in
-                 ("_wrong_block_first_failure", "_wrong_block_h_last_as_middle")}
-    assert "case" not in exact.detail and "paired block" not in exact.detail, exact.detail
+                 ("_wrong_block_first_failure", "_wrong_block_h_last_as_middle", "_exact_rule")}
+    z_two = exact.stats["z_two_sided"]
+    assert all(abs(z) <= z_two for z in exact.stats["case_z"]), exact.stats
+    assert abs(exact.stats["paired_z"]["block"]) <= z_two, exact.stats
+    token_wise = wrong.pop("_exact_rule")
+    assert not token_wise.passed
+    assert any(abs(z) > z_two for z in token_wise.stats["case_z"]), token_wise.stats
     for control, result in wrong.items():
-        assert not result.passed and "paired block" in result.detail, (control, result.detail)
+        assert not result.passed, (control, result.detail)
+        assert abs(result.stats["paired_z"]["block"]) > z_two, (control, result.stats)
 
 
 @pytest.mark.parametrize("backend", BLOCK_BACKENDS)

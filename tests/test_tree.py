@@ -219,3 +219,14 @@ def test_typical_takes_the_first_passing_child_not_the_longest_path() -> None:
                              backend=backend)
         assert res.node_ids[0].tolist()[:2] == [1, -1]
         assert res.num_accepted.tolist() == [1]
+
+
+def test_max_depth_counts_only_nodes_a_walk_can_reach() -> None:
+    """A -1 node's subtree is unreachable, so it cannot make the tree too deep; the same chain
+    with the node proposed is one level too deep."""
+    parents = torch.tensor([[-1, 0, 1, 2]])
+    call = {"target_logits": torch.zeros(1, 4, 3), "max_depth": 1, "method": "greedy"}
+    res = pv.verify_tree(torch.tensor([[0, 1, -1, 2]]), parents, **call)
+    assert res.token_ids.shape == (1, 2)
+    with pytest.raises(ValueError, match="max_depth=1"):
+        pv.verify_tree(torch.tensor([[0, 1, 2, 2]]), parents, **call)

@@ -48,7 +48,9 @@ def verify_tree(
         draft_probs: float ``[B, N, V]``; row ``i`` is the distribution node ``i``'s children
             were drawn from (leaf rows are not read). None for deterministic children.
         children: ``"deterministic"``, ``"iid"``, ``"without_replacement"`` or ``"auto"``
-            (deterministic without ``draft_probs``, iid with them).
+            (deterministic without ``draft_probs``, iid with them). "auto" cannot tell a top-k
+            drafter's children from sampled ones: for top-k (deterministic) children pass no
+            ``draft_probs``; passing them means the children were drawn iid from those rows.
         method: ``"auto"``/``"rejection"`` (exact), ``"typical"`` or ``"greedy"``.
         temperature, seed, seed_offset: as for :func:`portable_verify.verify`.
         uniforms: float32 ``[B, N]`` in (0, 1]: node ``i``'s in column ``i - 1``, the final
@@ -69,7 +71,7 @@ def verify_tree(
     >>> logits = torch.tensor([[[0., 5., 1.], [9., 0., 0.], [0., 0., 3.]]])
     >>> pv.verify_tree(torch.tensor([[0, 2, 1]]), torch.tensor([[-1, 0, 0]]),
     ...                target_logits=logits, method="greedy").token_ids
-    tensor([[1, 2, -1]])
+    tensor([[ 1,  2, -1]])
     """
     opts = read_options(method, typical_eps, typical_alpha, options, backend, validate)
     method, typical = opts.method, opts.typical

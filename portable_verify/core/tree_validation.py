@@ -61,14 +61,18 @@ def check_tree_structure(tokens: torch.Tensor, parents: torch.Tensor, target: to
                          "draft_probs": q, "num_nodes": num_nodes, "uniforms": uniforms})
 
 
-def node_depths(parents: torch.Tensor, used: torch.Tensor) -> torch.Tensor:
-    """int64 ``[B, N]`` depth of each used node (root 0); a loop over nodes, not requests."""
+def node_depths(parents: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+    """int64 ``[B, N]`` depth of each node reached from the root through ``live`` nodes (root and
+    unreachable nodes 0): a dead node's subtree is never walked. A loop over nodes, not requests."""
     b, n = parents.shape
     depth = torch.zeros(b, n, dtype=torch.int64, device=parents.device)
+    reached = torch.zeros(b, n, dtype=torch.bool, device=parents.device)
+    reached[:, 0] = True
     batch = torch.arange(b, device=parents.device)
     for i in range(1, n):
         parent = parents[:, i].clamp(0, i - 1)
-        depth[:, i] = torch.where(used[:, i], depth[batch, parent] + 1, 0)
+        reached[:, i] = live[:, i] & reached[batch, parent]
+        depth[:, i] = torch.where(reached[:, i], depth[batch, parent] + 1, 0)
     return depth
 
 
@@ -102,14 +106,18 @@ def check_tree_values(checks: ValueChecks, tokens: torch.Tensor, parents: torch.
     else:
         check_probs(checks, target_name, flat, rows)
     if q is not None:
-        has_child = torch.zeros(b, n, dtype=torch.bool, device=tokens.device)
-        owner = torch.where(proposed & ~bad_parent, parents, 0).clamp(0, n - 1)
-        has_child.scatter_(1, owner, proposed & ~bad_parent)
-        check_probs(checks, "draft_probs", q.reshape(b * n, v), (has_child & below).reshape(-1))
+        # Non-children write to a spare column N, so no True races a False on a real parent.
+        child = proposed & ~bad_parent
+        owner = torch.where(child, parents, n)
+        has_child = torch.zeros(b, n + 1, dtype=torch.bool, device=tokens.device)
+        has_child.scatter_(1, owner, child)
+        check_probs(checks, "draft_probs", q.reshape(b * n, v),
+                    (has_child[:, :n] & below).reshape(-1))
     if max_depth is not None:
-        deep = node_depths(parents, used & ~bad_parent) > max_depth
+        depth = node_depths(parents, proposed & ~bad_parent)  # -1 nodes' subtrees: unreachable
+        deep = depth > max_depth
         checks.add(deep.any(), lambda: f"the tree is deeper than max_depth={max_depth}: "
-                   f"{_first(deep, node_depths(parents, used & ~bad_parent))} (depth)")
+                   f"{_first(deep, depth)} (depth)")
 
 
 def _first(mask: torch.Tensor, values: torch.Tensor) -> str:

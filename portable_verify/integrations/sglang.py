@@ -126,7 +126,9 @@ def to_sglang(result: TreeResult, tree: SGLangTree, retrive_index: torch.Tensor
     accept_index = torch.full((b, w), -1, dtype=torch.int64, device=nodes.device)
     accept_index[:, 0] = retrive_index[:, 0]
     accept_index[:, 1:] = torch.where(col[:, : w - 1] < accepted[:, None], flat[:, : w - 1], -1)
-    predicts = torch.full((retrive_index.numel(),), -1, dtype=torch.int64, device=nodes.device)
-    on_path = col <= accepted[:, None]
-    predicts[accept_index[on_path]] = tokens[on_path]
-    return predicts, accept_index, accepted
+    # Off-path entries write to a spare last slot, dropped after: no boolean mask, no sync.
+    size = retrive_index.numel()
+    predicts = torch.full((size + 1,), -1, dtype=torch.int64, device=nodes.device)
+    slot = torch.where(col <= accepted[:, None], accept_index, size)
+    predicts.scatter_(0, slot.reshape(-1), tokens.to(torch.int64).reshape(-1))
+    return predicts[:size], accept_index, accepted

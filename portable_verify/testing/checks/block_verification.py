@@ -27,7 +27,7 @@ from portable_verify.testing.cases.dyadic_cases import dyadic_case
 from portable_verify.testing.cases.random_cases import CaseSpec, build_case, random_specs
 from portable_verify.testing.checks.reference_comparison import Tally, compare, host
 from portable_verify.testing.kit import CheckResult, check
-from portable_verify.testing.stats.exact_laws import EXACT_BLOCK, Rule, block_outcomes
+from portable_verify.testing.stats.exact_laws import EXACT, EXACT_BLOCK, Rule, block_outcomes
 
 CASE_SEED = 20261221
 ALPHA = 1e-4
@@ -145,8 +145,14 @@ PAIRED_Q = np.array([[0.25, 0.25, 0.25, 0.25, 0.0], [0.5, 0.125, 0.125, 0.125, 0
 """The paired setting: V = 5, K = 2, positional dyadic rows with drafts drawn from ``q``."""
 
 
-CONTROL_BUGS = ("first_failure", "h_last_as_middle")
-"""Wrong rules whose acceptance differs (``residual_late`` only changes the emitted token)."""
+CONTROL_RULES: dict[str, Rule] = {
+    "first_failure": Rule(block="first_failure"),
+    "h_last_as_middle": Rule(block="h_last_as_middle"),
+    "token_wise": EXACT,
+}
+"""Wrong rules whose acceptance differs (the residual bugs only change the emitted token).
+``token_wise``: ``method="block"`` running token-wise rejection, lossless, so no law check can
+see it; only the closed forms here can (its test double is ``_exact_rule``)."""
 
 
 def z_critical(alpha: float, two_sided: bool = True) -> float:
@@ -167,7 +173,8 @@ def block_acceptance(backend: str, quick: bool) -> CheckResult:
     z_two, z_one = z_critical(ALPHA / tests), z_critical(ALPHA / tests, two_sided=False)
     gen = np.random.default_rng(CASE_SEED + 2)
     failures, lines = [], []
-    power = dict.fromkeys(CONTROL_BUGS, 0.0)  # best single test, against each wrong rule
+    power = dict.fromkeys(CONTROL_RULES, 0.0)  # best single test, against each wrong rule
+    case_z, paired_z = [], {}
     for i, case in enumerate(cases):
         seeds = gen.integers(0, SEED_RANGE, reps)
         drafts = np.repeat(case.drafts[None], reps, 0)
@@ -176,8 +183,9 @@ def block_acceptance(backend: str, quick: bool) -> CheckResult:
         mean, var = expected_accepted(EXACT_BLOCK, tuple(case.drafts), case.p, case.q)
         se = np.sqrt(var / reps)
         z = (got.mean() - mean) / se
-        for bug in CONTROL_BUGS:
-            wrong = expected_accepted(Rule(block=bug), tuple(case.drafts), case.p, case.q)[0]
+        case_z.append(float(z))
+        for bug, rule in CONTROL_RULES.items():
+            wrong = expected_accepted(rule, tuple(case.drafts), case.p, case.q)[0]
             power[bug] = max(power[bug], _power((wrong - mean) / se, z_two))
         lines.append(f"case{i}: {got.mean():.4f} vs {mean:.4f} (z={z:+.2f})")
         if abs(z) > z_two:
@@ -194,6 +202,7 @@ def block_acceptance(backend: str, quick: bool) -> CheckResult:
               for m, rule in (("block", EXACT_BLOCK), ("rejection", Rule()))}
     for method, got in (("block", block), ("rejection", token)):
         z = (got.mean() - closed[method]) / (got.std() / np.sqrt(trials))
+        paired_z[method] = float(z)
         lines.append(f"paired {method}: {got.mean():.4f} vs {closed[method]:.4f} (z={z:+.2f})")
         if abs(z) > z_two:
             failures.append(lines[-1])
@@ -207,5 +216,7 @@ def block_acceptance(backend: str, quick: bool) -> CheckResult:
                        "; ".join(failures) if failures else "; ".join(lines),
                        stats={"reps_per_case": reps, "paired_trials": trials, "alpha": ALPHA,
                               "z_two_sided": z_two, "z_one_sided": z_one,
-                              "closed_forms": closed, "power": power,
+                              "closed_forms": closed, "power": power, "case_z": case_z,
+                              "paired_z": paired_z, "gain": float(diff.mean()),
+                              "gain_se": float(gain_se),
                               "summary": "; ".join(lines)})

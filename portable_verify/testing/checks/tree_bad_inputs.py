@@ -46,6 +46,13 @@ def _drop(key: str) -> Edit:
     return lambda call: call.pop(key)
 
 
+def _all(*edits: Edit) -> Edit:
+    def edit(call: dict[str, Any]) -> None:
+        for one in edits:
+            one(call)
+    return edit
+
+
 TREE_BAD_CASES: list[tuple[str, Edit, str, type[Exception]]] = [
     ("a parent after its child", _at("parents", (0, 2), 3), "parents", ValueError),
     ("a parent equal to the node", _at("parents", (1, 3), 3), "parents", ValueError),
@@ -69,6 +76,8 @@ TREE_BAD_CASES: list[tuple[str, Edit, str, type[Exception]]] = [
      ValueError),
     ("a draft row that does not sum to 1", _at("draft_probs", (0, 0, 1), 3.0), "draft_probs",
      ValueError),
+    ("a bad root draft row beside a -1 child", _all(_at("node_token_ids", (0, 2), -1),
+     _at("draft_probs", (0, 0, 1), 3.0)), "draft_probs", ValueError),
     ("num_nodes of 0", _set("num_nodes", torch.tensor([0, 4])), "num_nodes", ValueError),
     ("num_nodes beyond N", _set("num_nodes", torch.tensor([4, 5])), "num_nodes", ValueError),
     ("a tree deeper than max_depth", _set("max_depth", 2), "max_depth", ValueError),

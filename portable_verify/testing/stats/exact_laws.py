@@ -18,7 +18,8 @@ import numpy as np
 
 from portable_verify.testing.stats.toy_decoding import START, Scenario
 
-BlockBug = Literal["none", "first_failure", "residual_late", "h_last_as_middle"]
+BlockBug = Literal["none", "first_failure", "residual_late", "residual_unscaled",
+                   "h_last_as_middle"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,8 @@ class Rule:
       failure instead of taking the last success);
     * ``"residual_late"``: the residual at row ``a`` scaled by ``P_a`` (one row late) instead
       of ``P_{a-1}``;
+    * ``"residual_unscaled"``: the residual at row ``a > 0`` drawn from ``max(p_a - q_a, 0)``
+      (unscaled, as in token-wise rejection) instead of ``max(P_{a-1} p_a - q_a, 0)``;
     * ``"h_last_as_middle"``: at the last position ``h_{n-1} = Z / (Z + 1 - P_{n-1})`` as in
       the middle, with ``q_{n-1}`` standing in for the missing ``q_n``, instead of ``P_{n-1}``.
     """
@@ -112,7 +115,8 @@ def block_outcomes(rule: Rule, path: tuple[int, ...], p: list[np.ndarray],
         if a == n:
             w = p[n]
         else:
-            scale = chain[a] if rule.block == "residual_late" else (chain[a - 1] if a else 1.0)
+            scale = (chain[a] if rule.block == "residual_late"
+                     else 1.0 if rule.block == "residual_unscaled" or not a else chain[a - 1])
             w = np.maximum(scale * p[a] - q[a], 0.0)
             if not w.sum() > 0:
                 w = p[a]

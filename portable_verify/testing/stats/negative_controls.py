@@ -27,6 +27,7 @@ CONTROLS: dict[str, Rule] = {
     "_wrong_bonus_row": Rule(bonus="previous_row"),
     "_wrong_block_first_failure": Rule(block="first_failure"),
     "_wrong_block_residual_late": Rule(block="residual_late"),
+    "_wrong_block_residual_unscaled": Rule(block="residual_unscaled"),
     "_wrong_block_h_last_as_middle": Rule(block="h_last_as_middle"),
 }
 """Each wrong verifier and the bug it carries (see :class:`Rule`). A control runs its own rule
@@ -139,6 +140,7 @@ class RuleBackend(Backend):
         if k > 0:
             chain_t = torch.stack(chain, 1)
             scale = (chain_t[ar, a.clamp(max=k - 1)] if bug == "residual_late"
+                     else torch.ones(b) if bug == "residual_unscaled"
                      else torch.where(a > 0, chain_t[ar, (a - 1).clamp(min=0)], 1.0))
             residual = (scale[:, None] * p_a - q[ar, a.clamp(max=k - 1)]).clamp(min=0)
             residual = torch.where(residual.sum(1, keepdim=True) > 0, residual, p_a)

@@ -17,6 +17,12 @@ SMALL_V = 6
 LARGE_V = 4096
 
 
+RESIDUAL_SCALE_P = np.array([[.38, .07, .55], [.44, .46, .10], [.49, .21, .30], [.43, .55, .02]])
+RESIDUAL_SCALE_Q = np.array([[.05, .04, .91], [.35, .39, .26], [.40, .12, .48], [.01, .34, .65]])
+"""V = 3 tables (start row, then one row per previous token) of ``block_residual_scale``: found
+by a search maximising the law's distance under ``_wrong_block_residual_unscaled``."""
+
+
 def _rows(rng: np.random.Generator, concentration: float, rows: int = SMALL_V + 1) -> np.ndarray:
     return rng.dirichlet(np.full(SMALL_V, concentration), size=rows)
 
@@ -87,6 +93,11 @@ def _scenarios() -> dict[str, Scenario]:
                  temperature=0.7, **block),
         Scenario("block_deterministic_draft", target=p, proposal=q, deterministic_draft=True,
                  **block),
+        # Built so that the residual after a partial accept (a = 1 of K = 2) depends visibly on
+        # its P_0 scale: P_0 = p/q of the first draft is small for the likely draft 2, and
+        # max(P_0 p_1 - q_1, 0) differs from max(p_1 - q_1, 0) (TV ~0.076 over two tokens).
+        Scenario("block_residual_scale", target=RESIDUAL_SCALE_P, proposal=RESIDUAL_SCALE_Q,
+                 num_drafts=2, ragged=False, **block),
     ]
     return {c.name: c for c in cases}
 

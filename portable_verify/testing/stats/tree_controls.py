@@ -31,9 +31,12 @@ class TreeRule:
     ``sglang``: SGLang's target-only rule (one coin per node shared by its children, accept
     while ``coin <= sum p(x_1..x_k) / threshold_acc`` or ``p(x_k) >= threshold_single``) with
     the thresholds ``(single, acc)``; exact only at ``(1, 1)``.
+    ``unnormalised_residual``: later siblings are tested against ``max(r - q, 0)`` as it is,
+    not renormalised to sum to 1 (too few of them are accepted).
     """
 
     removal_first: bool = False
+    unnormalised_residual: bool = False
     sglang: tuple[float, float] | None = None
 
 
@@ -109,7 +112,7 @@ class TreeRuleBackend(Backend):
                 qk = q
             residual = np.maximum(r - qk, 0.0)
             if residual.sum() > 0:
-                r = residual / residual.sum()
+                r = residual if self.rule.unnormalised_residual else residual / residual.sum()
             if inputs.children == "without_replacement" and not self.rule.removal_first:
                 q = _without(q, x)
         return None, r
@@ -138,6 +141,7 @@ def _without(q: np.ndarray, x: int) -> np.ndarray:
 TREE_CONTROLS: dict[str, TreeRule] = {
     "_tree_removal_first": TreeRule(removal_first=True),
     "_tree_sglang_thresholds": TreeRule(sglang=(0.7, 0.7)),
+    "_tree_unnormalised_residual": TreeRule(unnormalised_residual=True),
 }
 TREE_POSITIVE: dict[str, TreeRule] = {
     "_tree_exact_rule": TreeRule(),
