@@ -73,7 +73,9 @@ def verify_spec_decode_step(
     host = device.type == "cpu"
     if host:  # numpy, and maps cached per step shape: a step is a few small array ops
         counts, rows, draft_rows, used = _host_maps(tuple(num_draft_tokens), k)
-        drafts = np.where(used, draft_token_ids.numpy()[draft_rows], 0).astype(np.int64)
+        flat = draft_token_ids.numpy()
+        drafts = (flat.reshape(b, k).astype(np.int64) if used is None  # every request has k
+                  else np.where(used, flat[draft_rows], 0).astype(np.int64))
         bonus = bonus_token_ids.numpy().reshape(-1)
     else:
         cu = cu_num_draft_tokens.to(torch.int64)
@@ -104,20 +106,21 @@ def verify_spec_decode_step(
         temperature=temps, seed=seeds, bonus_token_ids=bonus,
         options=options, backend=backend, validate=False)
     tokens = result.token_ids
-    return (torch.from_numpy(tokens) if host else tokens).to(torch.int32)
+    return torch.from_numpy(tokens.astype(np.int32)) if host else tokens.to(torch.int32)
 
 
 @functools.lru_cache(maxsize=256)
 def _host_maps(counts: tuple[int, ...], k: int
-               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """``(counts [B], rows [B, K+1], draft_rows [B, K], used [B, K])`` of a vLLM v1 step on the
+               ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """``(counts [B], rows [B, K+1], draft_rows [B, K], used [B, K] or None when every request
+    has ``k`` drafts)`` of a vLLM v1 step on the
     host (``core/layout.py``, no bonus rows), per step shape: engines repeat a few shapes, and
     the maps depend on nothing else. Callers must not write to them."""
     sizes = np.asarray(counts, dtype=np.int64)
     starts = np.cumsum(sizes) - sizes
     flat = np.zeros(int(sizes.sum()), dtype=np.int64)
     _, rows, draft_rows = layout.ragged_maps(flat, sizes, starts, k, bonus_rows=False)
-    used = np.arange(k)[None, :] < sizes[:, None]
+    used = None if (sizes == k).all() else np.arange(k)[None, :] < sizes[:, None]
     return sizes, rows, draft_rows, used
 
 
