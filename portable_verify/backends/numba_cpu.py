@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import struct
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -110,10 +111,33 @@ def options_record(*, is_logits: bool, all_greedy: bool = False, typical: bool =
                    offset_scalar: int = 0, temp_scalar: float = 1.0,
                    eps: float = 0.0, alpha: float = 0.0, atol: float = PROB_SUM_ATOL,
                    q_atol: float = PROB_SUM_ATOL) -> np.ndarray:
-    """A call's options as the kernel's one record (:data:`numba_kernels.OPTIONS`)."""
-    return np.array([(is_logits, all_greedy, typical, check, seed_mode, seed_scalar,
-                      offset_scalar, temp_scalar, eps, alpha, atol, q_atol)],
-                    dtype=kernels.OPTIONS)
+    """A call's options as the kernel's one record (:data:`numba_kernels.OPTIONS`), packed
+    with :mod:`struct` and kept per distinct value: ``np.array`` of a tuple costs more than a
+    whole small call's decision."""
+    key = (is_logits, all_greedy, typical, check, seed_mode, seed_scalar, offset_scalar,
+           temp_scalar, eps, alpha, atol, q_atol)
+    record = _RECORDS.get(key)
+    if record is None:  # kernels only read records: one per distinct set of options
+        if len(_RECORDS) >= 1024:
+            _RECORDS.clear()
+        record = _RECORDS[key] = np.empty(1, dtype=kernels.OPTIONS)
+        _RECORD.pack_into(record.data, 0, *key)
+    return record
+
+
+def _record_struct(dtype: np.dtype) -> struct.Struct:
+    """A :class:`struct.Struct` laying out ``dtype``'s fields at their offsets (native order)."""
+    codes = {("b", 1): "?", ("i", 8): "q", ("f", 8): "d"}
+    layout, end = "=", 0
+    for name in dtype.names:
+        field, offset = dtype.fields[name][:2]
+        layout += "x" * (offset - end) + codes[(field.kind, field.itemsize)]
+        end = offset + field.itemsize
+    return struct.Struct(layout + "x" * (dtype.itemsize - end))
+
+
+_RECORD = _record_struct(kernels.OPTIONS) if kernels is not None else None
+_RECORDS: dict[tuple[Any, ...], np.ndarray] = {}
 
 
 def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,

@@ -28,12 +28,14 @@ import portable_verify as new
 from portable_verify.bench.cases import FULL_SHAPES, QUICK_SHAPES, VARIANTS, make_inputs
 from portable_verify.bench.environment import cpu_flags
 
+CLOCK = time.perf_counter
+
 
 def _time(fn: object, repeat: int) -> float:
-    start = time.perf_counter()
+    start = CLOCK()
     for _ in range(repeat):
         fn()  # type: ignore[operator]
-    return (time.perf_counter() - start) / repeat
+    return (CLOCK() - start) / repeat
 
 
 def _cell(old: object, shape: tuple[int, int, int], variant: object, rounds: int) -> dict:
@@ -58,8 +60,11 @@ def _cell(old: object, shape: tuple[int, int, int], variant: object, rounds: int
         ratios.append(t_new / t_old)
         new_t.append(t_new)
         old_t.append(t_old)
+    argmax = [_time(lambda: inputs.target.argmax(-1), repeat) for _ in range(rounds)]
     q = statistics.quantiles(ratios, n=4)
-    return {"shape": list(shape), "variant": variant.label,  # type: ignore[attr-defined]
+    return {"new_x_argmax": statistics.median(new_t) / statistics.median(argmax),
+            "old_x_argmax": statistics.median(old_t) / statistics.median(argmax),
+            "shape": list(shape), "variant": variant.label,  # type: ignore[attr-defined]
             "new_over_old": statistics.median(ratios), "q25": q[0], "q75": q[2],
             "new_ms": statistics.median(new_t) * 1e3, "old_ms": statistics.median(old_t) * 1e3}
 
@@ -70,7 +75,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: this thread's CPU time (less sensitive to a shared machine; "
+                        "1 thread only)")
     args = parser.parse_args()
+    global CLOCK
+    if args.clock == "cpu":
+        CLOCK = time.thread_time
     torch.set_num_threads(args.threads)
     import portable_verify_old as old  # type: ignore[import-not-found]
 
@@ -82,7 +93,7 @@ def main() -> None:
             rows.append(row)
             print(f"{tuple(shape)!s:>18} {row['variant']:<16} new/old "
                   f"{row['new_over_old']:.3f} [{row['q25']:.3f}, {row['q75']:.3f}]", flush=True)
-    print(f"threads={args.threads} cpu flags: {cpu_flags()}")
+    print(f"threads={args.threads} clock={args.clock} cpu flags: {cpu_flags()}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"threads": args.threads, "rows": rows}, f, indent=1)
