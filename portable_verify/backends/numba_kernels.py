@@ -449,7 +449,11 @@ def final_token(target, rows, drafts, q, qrows, explicit_u, o, i, accepted, n, s
             s, _, bad = _softmax_row(row, tf, scratch, False, o.check)
             error = _flag(error, bad)
         p = scratch
-    if o.typical and rejected:  # for logits the first exponential equal to exp(0) = 1
+    if o.typical and rejected:
+        if o.is_logits:  # the argmax is the first exponential equal to exp(0) = 1
+            for t in range(p.shape[0]):
+                if p[t] >= 1.0:
+                    return t, error
         return row_argmax(p), error
     if not rejected:
         if o.check and not o.is_logits:
