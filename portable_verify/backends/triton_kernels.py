@@ -235,6 +235,16 @@ def _row_argmax(base, t_safe, m_a, s_a, V, IS_LOGITS: tl.constexpr, BLOCK: tl.co
 
 
 @_device
+def _q_chunk(qbase, offs, q_len, x_a, HAS_Q: tl.constexpr):
+    """One chunk of the draft row (read only below ``q_len``), or a one-hot at ``x_a``."""
+    if HAS_Q:
+        q = tl.load(qbase + offs, mask=offs < q_len, other=0.0).to(tl.float32)
+    else:
+        q = tl.where(offs == x_a, 1.0, 0.0)
+    return q
+
+
+@_device
 def _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a, rejected, scale,
                 t_safe, m_a, s_a, V, K, RQ,
                 IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
@@ -245,6 +255,7 @@ def _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a, rejec
     zero = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
     # Weights: residual max(0, p - q) at a rejection, else (bonus / empty residual) p.
     x_a = tl.load(drafts_ptr + b * K + a, mask=rejected, other=-1)  # -1: no one-hot
+    qbase = q_ptr
     if HAS_Q:
         qrow_a = _clamped(tl.load(qrows_ptr + b * K + a, mask=rejected, other=0), RQ)
         qbase = q_ptr + qrow_a * q_stride
@@ -255,11 +266,7 @@ def _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a, rejec
     for start in range(0, V, BLOCK):
         offs = start + lane
         p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
-        if HAS_Q:
-            q = tl.load(qbase + offs, mask=offs < q_len, other=0.0)
-            q = q.to(tl.float32)
-        else:
-            q = tl.where(offs == x_a, 1.0, 0.0)
+        q = _q_chunk(qbase, offs, q_len, x_a, HAS_Q)
         r = tl.where(rejected, tl.maximum(scale * p - q, 0.0), 0.0)
         total_r += _last_of_cumsum(r.to(tl.float64), BLOCK)
         total_p += _last_of_cumsum(p.to(tl.float64), BLOCK)
@@ -276,11 +283,7 @@ def _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a, rejec
     while (start < V) & (pick < 0):
         offs = start + lane
         p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
-        if HAS_Q:
-            q = tl.load(qbase + offs, mask=offs < q_len, other=0.0)
-            q = q.to(tl.float32)
-        else:
-            q = tl.where(offs == x_a, 1.0, 0.0)
+        q = _q_chunk(qbase, offs, q_len, x_a, HAS_Q)
         wgt = tl.where(use_r, tl.maximum(scale * p - q, 0.0), p)
         c = carry + tl.cumsum(wgt.to(tl.float64), 0)
         positive = wgt > 0
