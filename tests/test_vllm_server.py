@@ -188,6 +188,25 @@ def _serve(model: Path, plugin: bool, log_path: Path) -> dict:
     return out
 
 
+def _running(pid: int) -> bool:
+    """Alive and not a zombie: an engine orphaned by the server's exit is reparented to this
+    machine's init, which may never reap it, so ``/proc/PID`` alone is not proof of life."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "\nState:\tZ" not in status
+
+
+def _still_running(pids: set[int], timeout_s: float = 30.0) -> list[int]:
+    """The pids still running after up to ``timeout_s`` (an engine exits just after its
+    server)."""
+    deadline = time.perf_counter() + timeout_s
+    while (alive := [pid for pid in pids if _running(pid)]) and time.perf_counter() < deadline:
+        time.sleep(0.5)
+    return alive
+
+
 @pytest.fixture(scope="module")
 def servers(tmp_path_factory: pytest.TempPathFactory) -> dict:
     model = models.converted_default_dir()
@@ -209,7 +228,7 @@ def test_the_server_ran_the_plugin_and_logged_no_error(servers: dict) -> None:
         assert not errors, (name, errors[:20])
         # Stopped by its own pid: its engine and worker processes went with it.
         assert run["engine_pids"], name
-        assert not [pid for pid in set(run["engine_pids"]) if Path(f"/proc/{pid}").exists()]
+        assert not _still_running(set(run["engine_pids"])), name
     on = servers["on"]["log"]
     assert "EngineCore" in on and "VllmWorker" in on
     assert re.search(rf"\(EngineCore[^)]*\).*{_PLUGIN_LINE}", on)  # every vLLM process
