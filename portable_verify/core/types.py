@@ -197,7 +197,7 @@ class VerifyResult:
     def _of(cls, token_ids: Any, num_accepted: Any, num_emitted: Any,
             num_draft_tokens: Any) -> VerifyResult:
         """The same object as the constructor builds, at half its cost (a frozen dataclass sets
-        each field through ``object.__setattr__``): for the lean CPU path, where a whole call
+        each field through ``object.__setattr__``): for plain host calls, where a whole call
         costs a few microseconds."""
         result = object.__new__(cls)
         result.__dict__.update(token_ids=token_ids, num_accepted=num_accepted,
