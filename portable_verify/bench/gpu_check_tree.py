@@ -4,8 +4,8 @@ reference, and its speed beside the torch backend, on the device.
 Trees are drawn as in ``scripts/bench/tree_cells.py`` (paths a few levels deep, children that
 are often the parent row's argmax, so paths get accepted) with a greedy row in every batch;
 sampled calls use per-request seeds, so the kernels draw the reference's uniforms. Exactness is
-reported per (shape, children mode, method) as rows equal to the reference; above
-``gpu_check.SMALL_VOCAB`` float32 sums in another order may flip near-ties, as for chains.
+reported per (shape, children mode, method) as rows equal to the reference; above the
+check's small vocabulary float32 sums in another order may flip near-ties, as for chains.
 """
 
 from __future__ import annotations
@@ -58,10 +58,9 @@ def _rows_equal(want: pv.TreeResult, got: pv.TreeResult) -> dict[str, int]:
             "accepted_equal": int((got.num_accepted.cpu() == want.num_accepted).sum())}
 
 
-def tree_exactness(check: Any) -> dict[str, Any]:
-    """Per (shape, mode, method): rows of the kernels and of torch equal to the reference."""
-    from portable_verify.bench.gpu_check import SMALL_VOCAB
-
+def tree_exactness(check: Any, small_vocab: int) -> dict[str, Any]:
+    """Per (shape, mode, method): rows of the kernels and of torch equal to the reference
+    (all of them required at ``V <= small_vocab``)."""
     rows: list[dict[str, Any]] = []
     seed = 20261201
     for b, n, v in DRY_TREE_EXACT_SHAPES if check.dry_run else TREE_EXACT_SHAPES:
@@ -80,7 +79,7 @@ def tree_exactness(check: Any) -> dict[str, Any]:
                 except Exception as exc:  # the other backend still counts
                     entry[backend] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
             rows.append(entry)
-    small = [r[check.kernels] for r in rows if r["V"] <= SMALL_VOCAB]
+    small = [r[check.kernels] for r in rows if r["V"] <= small_vocab]
     return {"rows": rows,
             "small_v_all_exact": all(r.get("rows_equal") == r.get("rows") for r in small),
             "all_accepted_counts_equal": all(r[check.kernels].get("accepted_equal")
