@@ -302,7 +302,7 @@ def _tree_kernel(
         greedy = t != t
     if not HAS_U:
         greedy = t == t
-    tbase = target_ptr + (b * N).to(tl.int64) * target_stride
+    tbase = target_ptr + b.to(tl.int64) * N * target_stride
     out_nodes, out_tokens = out_nodes_ptr + b * W, out_tokens_ptr + b * W
     urow = u_ptr + b * N
     a = n * 0
@@ -317,8 +317,8 @@ def _tree_kernel(
                                      W, IS_LOGITS, STATS_BLOCK, BLOCK, NB)
         else:
             a, final = _rejection_walk(
-                tbase, target_stride, q_ptr + (b * N).to(tl.int64) * q_stride, q_stride,
-                w_ptr + (b * 2 * V).to(tl.int64), qs_ptr + (b * V).to(tl.int64), urow, tok,
+                tbase, target_stride, q_ptr + b.to(tl.int64) * N * q_stride, q_stride,
+                w_ptr + b.to(tl.int64) * 2 * V, qs_ptr + b.to(tl.int64) * V, urow, tok,
                 par, valid, lanes, out_nodes, out_tokens, t_safe, N, V, W, IS_LOGITS,
                 CHILDREN, STATS_BLOCK, BLOCK, NB)
     final = tl.minimum(tl.maximum(final, 0), V - 1)
