@@ -216,7 +216,7 @@ def _fold(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s, V,
 
 
 @_device
-def _later_test(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s,
+def _test_values(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s,
                 IS_LOGITS: tl.constexpr, CHILDREN: tl.constexpr, V):
     """``(r(x), q(x))`` for a child: the node row's ``p(x)`` until a residual is stored, then
     ``w(x) / S``; ``q(x)`` from the draft row, the stored one, or 1 (deterministic)."""
@@ -257,7 +257,7 @@ def _rejection_walk(tbase, target_stride, qbase, q_stride, wrow, qsrow, urow, to
         found = a < 0
         while (child < NB) & (found == 0):
             x = _lane_value(tok, lanes, child)
-            rx, qx = _later_test(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s,
+            rx, qx = _test_values(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s,
                                  IS_LOGITS, CHILDREN, V)
             found = (rx > 0) & (tl.load(urow + child - 1) * qx <= rx)
             if found == 0:
