@@ -47,7 +47,8 @@ def _wide_call(rng: np.random.Generator, b: int, n: int, v: int, mode: str) -> d
             "target_logits": logits, "children": mode,
             "temperature": torch.tensor([0.0, 0.8, 1.0, 1.3][:b]), "seed": torch.arange(b)}
     if mode != "deterministic":
-        call["draft_probs"] = torch.softmax(logits + torch.randn(b, n, v), -1)
+        noise = torch.tensor(rng.normal(size=(b, n, v)), dtype=torch.float32)
+        call["draft_probs"] = torch.softmax(logits + noise, -1)
     return call
 
 
