@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from portable_verify.backends.base import Availability, Backend, BackendTraits
+from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, TypicalParams, VerifyInputs
 
 DEFAULT_DEVICE = "CPU"
@@ -50,7 +51,7 @@ class OpenVINOBackend(Backend):
     description = "OpenVINO runtime graphs (CPU by default; openvino:GPU, openvino:NPU)"
     array_kind = "numpy"
     devices = ("CPU", "GPU", "NPU")  # any OpenVINO device name is accepted; these are listed
-    traits = BackendTraits(sampled_methods=("rejection", "typical", "block"))
+    traits = BackendTraits(sampled_methods=("rejection", "typical", "block"), supports_trees=True)
 
     def __init__(self, device: str | None = None, *, num_threads: int | None = None) -> None:
         """``num_threads`` (default: ``$PORTABLE_VERIFY_OPENVINO_THREADS``, else OpenVINO's own
@@ -184,6 +185,13 @@ class OpenVINOBackend(Backend):
         if k == 0:  # undo the host padding of K = 0 to one unused position
             tokens = np.ascontiguousarray(tokens[:, :1])
         return tokens, accepted
+
+
+    def run_tree(self, inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from portable_verify.backends.openvino_tree import verify_tree_openvino
+
+        inputs.check_layout()
+        return verify_tree_openvino(self, inputs)
 
 
 def _variant(inputs: VerifyInputs, has_draft_probs: bool) -> Any:
