@@ -66,11 +66,11 @@ def verify_block(backend: Any, inputs: VerifyInputs,
                              build=graph.build)
 
     with np.errstate(all="ignore"):  # NaN or inf only arise for garbage (validate=False)
-        px, qx = run("values", [])
+        px, qx, *row_stats = run("values", [])
         valid = (np.arange(k)[None, :] < n[:, None]) & (drafts >= 0) & (drafts < vocab)
         chain = chain_probabilities(np.where(valid, px, np.float32(0)), qx)
         scale = np.concatenate([np.ones((b, 1), np.float32), chain[:, :-1]], 1)
-        (mass,) = run("masses", [np.ascontiguousarray(scale)])
+        (mass,) = run("masses", [np.ascontiguousarray(scale), *row_stats])
         a = backward_scan(chain, mass.astype(np.float64), u, n)
         final = _final_draw(run, arrays, rows, drafts, chain, a, n, logits, has_q)
     tokens = emit(drafts, final, a)

@@ -20,6 +20,7 @@ from portable_verify.backends.openvino_graphs import (
     _f32,
     _i64,
     _iota,
+    _row_temperatures,
     inverse_cdf_draw,
 )
 
@@ -54,32 +55,69 @@ def _one_hot(x: Node, vocab: Node) -> Node:
     return ops.convert(ops.equal(ops.unsqueeze(_iota(vocab), _i64(0)), _col(x)), "f32")
 
 
-def _position_rows(params: dict[str, Node], is_logits: bool,
-                   has_q: bool) -> tuple[Node, Node, Node, Node]:
-    """``(p, q, x, shape)`` at every draft position, flattened to ``[B*K, V]`` rows."""
+def _positions(params: dict[str, Node]) -> tuple[Node, Node, Node]:
+    """``(target rows [B, K], drafts clamped into [0, V), shape [B, K])`` of the draft
+    positions."""
     target, drafts = params["target"], params["draft_token_ids"]
-    vocab, k = _dim(target, 1), _dim(drafts, 1)
+    k = _dim(drafts, 1)
     rows = ops.gather(_clamp_index(params["target_rows"], _dim(target, 0)), _iota(k), _i64(1))
-    temp = None
+    return rows, _clamp_index(drafts, _dim(target, 1)), ops.shape_of(drafts, "i64")
+
+
+def _draft_values(params: dict[str, Node], is_logits: bool,
+                  has_q: bool) -> tuple[Node, Node, Node | None, Node | None]:
+    """``(px, qx, max, sum)`` at every draft position, ``[B, K]``, as the rejection graph
+    computes them: one pass over the target rows for their max and ``sum e``, then
+    ``p(x) = e(x) / s`` by flat-index ``Gather`` (max and sum are None for probabilities)."""
+    target = params["target"]
+    rows, x, _ = _positions(params)
+    vocab = _dim(target, 1)
+    flat_index = ops.add(ops.multiply(rows, vocab), x)
+    m = s = None
     if is_logits:
-        temp = _flat(ops.broadcast(_col(params["temperature"]), ops.shape_of(drafts, "i64")))
-    p = normalised_rows(ops.gather(target, _flat(rows), _i64(0)), temp)
-    x = _flat(drafts)
+        t_col = _col(_row_temperatures(params["temperature"], params["target_rows"], target))
+        m_all = ops.reduce_max(target, _i64([1]), True)  # [R, 1]
+        e = ops.exp(ops.divide(ops.subtract(target, m_all), t_col))
+        s_all = ops.reduce_sum(e, _i64([1]), False)
+        px = ops.divide(ops.gather(_flat(e), flat_index, _i64(0)), ops.gather(s_all, rows, _i64(0)))
+        m = ops.gather(_flat(m_all), rows, _i64(0))
+        s = ops.gather(s_all, rows, _i64(0))
+    else:
+        px = ops.gather(_flat(target), flat_index, _i64(0))
+    if has_q:
+        q_rows = _clamp_index(params["draft_rows"], _dim(params["draft_probs"], 0))
+        q_index = ops.add(ops.multiply(q_rows, vocab), x)
+        qx = ops.gather(_flat(params["draft_probs"]), q_index, _i64(0))
+    else:
+        qx = ops.broadcast(_f32(1.0), ops.shape_of(x, "i64"))
+    return px, qx, m, s
+
+
+def _position_masses(params: dict[str, Node], is_logits: bool, has_q: bool) -> Node:
+    """``sum_v max(P_{j-1} p_j(v) - q_j(v), 0)`` at every position, ``[B, K]``; from logits the
+    rows reuse the ``values`` stage's max and sum (``p = exp((l - max) / T) / s``)."""
+    target, drafts = params["target"], params["draft_token_ids"]
+    rows, _, shape = _positions(params)
+    p = ops.gather(target, _flat(rows), _i64(0))  # [B*K, V]
+    if is_logits:
+        # The same per-row temperatures as the values stage (and the rejection graph).
+        t = ops.gather(_row_temperatures(params["temperature"], params["target_rows"], target),
+                       _flat(rows), _i64(0))
+        e = ops.exp(ops.divide(ops.subtract(p, _col(_flat(params["row_max"]))), _col(t)))
+        p = ops.divide(e, _col(_flat(params["row_sum"])))
     if has_q:
         q_rows = _clamp_index(params["draft_rows"], _dim(params["draft_probs"], 0))
         q = ops.gather(params["draft_probs"], _flat(q_rows), _i64(0))
     else:
-        q = _one_hot(x, vocab)
-    return p, q, _clamp_index(x, vocab), ops.shape_of(drafts, "i64")
-
-
-def _take_flat(rows: Node, index: Node) -> Node:
-    """``rows[i, index[i]]`` for ``[M, V]`` rows and ``[M]`` indices."""
-    return ops.squeeze(ops.gather(rows, _col(index), _i64(1), 1), _i64([1]))
+        q = _one_hot(_flat(drafts), _dim(target, 1))
+    scaled = ops.multiply(p, _col(_flat(params["scale"])))
+    residual = ops.maximum(ops.subtract(scaled, q), _f32(0.0))
+    return ops.reshape(ops.reduce_sum(residual, _i64([1]), False), shape, False)
 
 
 def build_block(stage: str, is_logits: bool, has_q: bool) -> ov.Model:
-    """The ``ov.Model`` of one stage: ``values`` (outputs ``px``, ``qx`` ``[B, K]``),
+    """The ``ov.Model`` of one stage: ``values`` (outputs ``px``, ``qx`` ``[B, K]``, and from
+    logits each position's row max and sum),
     ``masses`` (``mass [B, K]``) or ``final`` (``token [B]``)."""
     if stage == "final":
         return _build_final(is_logits, has_q)
@@ -91,15 +129,13 @@ def build_block(stage: str, is_logits: bool, has_q: bool) -> ov.Model:
         names += [("draft_probs", [-1, -1], ov.Type.f32), ("draft_rows", [-1, -1], ov.Type.i64)]
     if stage == "masses":
         names.append(("scale", [-1, -1], ov.Type.f32))
+        if is_logits:
+            names += [("row_max", [-1, -1], ov.Type.f32), ("row_sum", [-1, -1], ov.Type.f32)]
     params = {name: _param(name, shape, dtype) for name, shape, dtype in names}
-    p, q, x, shape = _position_rows(params, is_logits, has_q)
     if stage == "values":
-        outputs = [ops.reshape(_take_flat(p, x), shape, False),
-                   ops.reshape(_take_flat(q, x), shape, False)]
+        outputs = [out for out in _draft_values(params, is_logits, has_q) if out is not None]
     else:
-        scaled = ops.multiply(p, _col(_flat(params["scale"])))
-        residual = ops.maximum(ops.subtract(scaled, q), _f32(0.0))
-        outputs = [ops.reshape(ops.reduce_sum(residual, _i64([1]), False), shape, False)]
+        outputs = [_position_masses(params, is_logits, has_q)]
     results = [ops.result(out, name=f"out{i}") for i, out in enumerate(outputs)]
     return ov.Model(results, list(params.values()), f"block_{stage}")
 
