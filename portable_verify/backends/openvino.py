@@ -188,10 +188,12 @@ class OpenVINOBackend(Backend):
 
 
     def run_tree(self, inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from portable_verify.backends.openvino_tree import verify_tree_openvino
+        from portable_verify.backends.openvino_tree import Scalars, verify_tree_openvino
 
         inputs.check_layout()
-        return verify_tree_openvino(self, inputs)
+        scalars = Scalars(np.array(argmax_block(inputs.vocab_size), np.int64),
+                          list(typical_arrays(inputs.typical).values()))
+        return verify_tree_openvino(self, inputs, scalars)
 
 
 def _variant(inputs: VerifyInputs, has_draft_probs: bool) -> Any:

@@ -50,12 +50,19 @@ def tree_structure(inputs: TreeInputs) -> Tree:
     return Tree(np.clip(tokens, 0, v - 1), first_child, next_sibling)
 
 
+@dataclass(frozen=True)
+class Scalars:
+    """The graphs' scalar inputs, from the backend: the argmax block size, and the typical
+    parameters (eps, alpha) as float32 scalars."""
+
+    block: np.ndarray
+    typical: list[np.ndarray]
+
+
 class Walk:
     """The state every walk shares: each request's node, next child to test, path."""
 
-    def __init__(self, backend: Any, inputs: TreeInputs, tree: Tree) -> None:
-        from portable_verify.backends.openvino import argmax_block, typical_arrays
-
+    def __init__(self, backend: Any, inputs: TreeInputs, tree: Tree, scalars: Scalars) -> None:
         self.backend, self.inputs, self.tree = backend, inputs, tree
         b, self.n = inputs.batch_size, inputs.num_slots
         self.all = np.arange(b)
@@ -63,8 +70,7 @@ class Walk:
         self.a = np.zeros(b, np.int64)
         self.path = np.full((b, inputs.width), -1, np.int64)
         self.ptr = tree.first_child[:, 0] if inputs.max_depth > 0 else np.full(b, self.n)
-        self.block = np.array(argmax_block(inputs.vocab_size), np.int64)
-        self.typical = list(typical_arrays(inputs.typical).values())
+        self.block, self.typical = scalars.block, scalars.typical
         self.temperature = np.asarray(inputs.temperature, np.float32)
 
     def run(self, graph: TreeGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
@@ -99,7 +105,7 @@ class Walk:
         return at
 
 
-def verify_tree_openvino(backend: Any, inputs: TreeInputs
+def verify_tree_openvino(backend: Any, inputs: TreeInputs, scalars: Scalars
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(token_ids [B, W], node_ids [B, W], num_accepted [B])`` for numpy inputs."""
     b, width = inputs.batch_size, inputs.width
@@ -109,13 +115,13 @@ def verify_tree_openvino(backend: Any, inputs: TreeInputs
     tree = tree_structure(inputs)
     with np.errstate(all="ignore"):  # NaN or inf only arise for garbage (validate=False)
         if inputs.all_greedy:
-            path, final, a = greedy_walk(Walk(backend, inputs, tree))
+            path, final, a = greedy_walk(Walk(backend, inputs, tree, scalars))
         else:
             walk = typical_walk if inputs.sampled_method == "typical" else rejection_walk
-            path, final, a = walk(Walk(backend, inputs, tree))
+            path, final, a = walk(Walk(backend, inputs, tree, scalars))
             if not inputs.none_greedy:
                 row = np.asarray(inputs.temperature) == 0
-                g_path, g_final, g_a = greedy_walk(Walk(backend, inputs, tree))
+                g_path, g_final, g_a = greedy_walk(Walk(backend, inputs, tree, scalars))
                 path = np.where(row[:, None], g_path, path)
                 final, a = np.where(row, g_final, final), np.where(row, g_a, a)
     col = np.arange(width)[None, :]
