@@ -45,6 +45,9 @@ class BackendTraits:
     dispatch gives ``auto`` a backend that has the call's method, and refuses an explicit one
     that lacks it.
     ``supports_trees``: it implements :meth:`Backend.run_tree` (``pv.verify_tree``).
+    ``checks_tree_reads``: under ``validate=True`` its :meth:`Backend.run_tree` checks the
+    target and draft rows its walk reads (``TreeInputs.check_read_values``), so the front door
+    keeps only the structural checks and skips scanning every row.
     """
 
     is_reference: bool = False
@@ -54,6 +57,7 @@ class BackendTraits:
     host_calls: bool = False
     sampled_methods: tuple[str, ...] = ("rejection", "typical")
     supports_trees: bool = False
+    checks_tree_reads: bool = False
 
 
 class ReadValueError(ValueError):
