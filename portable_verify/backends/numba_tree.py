@@ -17,7 +17,6 @@ reads are checked on the way (``TreeInputs.check_read_values``); the front door 
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numba
@@ -250,7 +249,7 @@ def tree_arrays(inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     record = options_record(is_logits=inputs.target_is_logits, all_greedy=inputs.all_greedy,
                             typical=inputs.sampled_method == "typical",
                             check=inputs.check_read_values, atol=atol, q_atol=q_atol,
-                            **dataclasses.asdict(inputs.typical))
+                            **vars(inputs.typical))  # eps, alpha
     u = EMPTY_F32_2 if inputs.uniforms is None else host_array(inputs.uniforms, np.float32)
     width = inputs.width
     tokens = np.empty((b, width), dtype=np.int64)
