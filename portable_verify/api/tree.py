@@ -96,11 +96,11 @@ def verify_tree(
         method, temperature, seed, seed_offset, explicit_u, b, n, device,
         target_name == "target_probs", validate)
     chosen = dispatch.select_tree_backend(backend, device.type)
-    rides = validate and chosen.traits.checks_tree_reads  # the walk checks the rows it reads
+    rides = validate and chosen.traits.checks_tree_reads  # the walk does the value checks
     checked = (tokens, tree_parents, counts, target, target_name, q, max_depth, temps, u,
                explicit_u is not None)
-    if validate:  # every value check (but the rows a riding backend checks), one transfer
-        _check_values(*checked, read_rows=not rides)
+    if validate and not rides:  # every value check, in one host transfer
+        _check_values(*checked)
     inputs = TreeInputs(
         node_token_ids=tokens,
         parents=tree_parents,
@@ -120,8 +120,8 @@ def verify_tree(
     )
     try:
         token_ids, node_ids, accepted = dispatch.run_tree(chosen, inputs)
-    except ReadValueError:  # the walk only flagged a row it read: the full checks word it
-        _check_values(*checked, read_rows=True)
+    except ReadValueError:  # the walk only flagged a value: the full checks word it
+        _check_values(*checked)
         raise ValueError("a target or draft_probs row the tree walk reads holds NaN/inf or is "
                          "not a distribution") from None
     return TreeResult.of(token_ids, node_ids, accepted, return_numpy)
@@ -159,10 +159,9 @@ def _on_device(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor
 def _check_values(tokens: torch.Tensor, parents: torch.Tensor, counts: torch.Tensor,
                   target: torch.Tensor, target_name: str, q: torch.Tensor | None,
                   max_depth: int | None, temps: torch.Tensor, u: torch.Tensor | None,
-                  explicit_u: bool, read_rows: bool) -> None:
+                  explicit_u: bool) -> None:
     checks = ValueChecks()
-    check_tree_values(checks, tokens, parents, counts, target, target_name, q, max_depth,
-                      read_rows)
+    check_tree_values(checks, tokens, parents, counts, target, target_name, q, max_depth)
     _check_temperatures_and_uniforms(checks, temps, target_name, u, explicit_u)
     checks.raise_first()
 

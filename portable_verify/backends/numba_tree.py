@@ -68,6 +68,30 @@ def _children(tokens, parents, i, n, v_size, first, after):
             first[p] = c
 
 
+@numba.njit(inline="always", **JIT)
+def _bad_structure(tokens, parents, num_nodes, temps, u, i, v_size, max_depth, is_logits, depth):
+    """Request ``i``'s ``O(N)`` checks (``core/tree_validation.py``'s, which word a flag):
+    ``num_nodes`` in ``[1, N]``, the root's parent -1, parents before children and ids in
+    ``[0, V)`` or -1 below ``num_nodes``, no reachable node deeper than ``max_depth``, the
+    temperature, the uniforms in ``(0, 1]``. ``depth`` is scratch (-1: not reached)."""
+    n_slots = tokens.shape[1]
+    n = num_nodes[i]
+    bad = n < 1 or n > n_slots or parents[i, 0] != -1
+    t = temps[i]
+    bad = bad or not (t >= 0 and t < np.inf) or (not is_logits and t != 0 and t != 1)
+    if u.shape[0] > 0:
+        for j in range(n_slots):
+            bad = bad or not (u[i, j] > 0 and u[i, j] <= 1)
+    depth[0] = 0
+    for c in range(1, min(max(n, 1), n_slots)):
+        p = parents[i, c]
+        x = tokens[i, c]
+        bad = bad or p < 0 or p >= c or x < -1 or x >= v_size
+        depth[c] = depth[p] + 1 if (p >= 0 and p < c and x != -1 and depth[p] >= 0) else -1
+        bad = bad or depth[c] > max_depth
+    return bad
+
+
 @numba.njit(**JIT)
 def _greedy_walk(target, tokens, i, n_slots, first, after, max_depth, is_logits, check, path):
     """``(accepted, final, bad)``: descend into the lowest-index child equal to the row's
@@ -220,6 +244,9 @@ def walk(target, q, tokens, parents, num_nodes, temps, u, mode, max_depth, optio
     for i in range(lo, hi):
         n = min(max(num_nodes[i], 1), n_slots)  # garbage (validate=False) clamped
         _children(tokens, parents, i, n, v_size, first, after)
+        if o.check and _bad_structure(tokens, parents, num_nodes, temps, u, i, v_size,
+                                      max_depth, o.is_logits, path):
+            error = 1
         t = np.float64(temps[i])
         if o.all_greedy or t == 0:
             a, final, bad = _greedy_walk(target, tokens, i, n_slots, first, after, max_depth,

@@ -78,15 +78,13 @@ def node_depths(parents: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
 
 def check_tree_values(checks: ValueChecks, tokens: torch.Tensor, parents: torch.Tensor,
                       num_nodes: torch.Tensor, target: torch.Tensor, target_name: str,
-                      q: torch.Tensor | None, max_depth: int | None,
-                      read_rows: bool = True) -> None:
+                      q: torch.Tensor | None, max_depth: int | None) -> None:
     """Value checks of the tree arguments (added to ``checks``; raised by the caller).
 
-    What is read: nodes ``1 <= i < num_nodes`` (their parents and ids), and with ``read_rows``
-    every target row below ``num_nodes`` and the draft rows of nodes that have a child (a
-    backend with ``traits.checks_tree_reads`` checks the rows its walk reads instead).
+    What is read: nodes ``1 <= i < num_nodes`` (their parents and ids), every target row below
+    ``num_nodes``, and the draft rows of nodes that have a child.
     """
-    n = tokens.shape[1]
+    b, n = tokens.shape
     v = target.shape[-1]
     checks.add(((num_nodes < 1) | (num_nodes > n)).any(),
                lambda: f"num_nodes must lie in [1, N={n}], got {num_nodes.tolist()}")
@@ -101,33 +99,25 @@ def check_tree_values(checks: ValueChecks, tokens: torch.Tensor, parents: torch.
                f"before children) for 1 <= i < num_nodes; {_first(bad_parent, parents)}")
     proposed = used & (tokens != -1)
     check_ids(checks, "node_token_ids", tokens, proposed, v)
-    if read_rows:
-        _check_rows(checks, below, proposed & ~bad_parent, parents, target, target_name, q)
+    rows = below.reshape(-1)
+    flat = target.reshape(b * n, v)
+    if target_name == "target_logits":
+        check_logits(checks, target_name, flat, rows)
+    else:
+        check_probs(checks, target_name, flat, rows)
+    if q is not None:
+        # Non-children write to a spare column N, so no True races a False on a real parent.
+        child = proposed & ~bad_parent
+        owner = torch.where(child, parents, n)
+        has_child = torch.zeros(b, n + 1, dtype=torch.bool, device=tokens.device)
+        has_child.scatter_(1, owner, child)
+        check_probs(checks, "draft_probs", q.reshape(b * n, v),
+                    (has_child[:, :n] & below).reshape(-1))
     if max_depth is not None:
         depth = node_depths(parents, proposed & ~bad_parent)  # -1 nodes' subtrees: unreachable
         deep = depth > max_depth
         checks.add(deep.any(), lambda: f"the tree is deeper than max_depth={max_depth}: "
                    f"{_first(deep, depth)} (depth)")
-
-
-def _check_rows(checks: ValueChecks, below: torch.Tensor, child: torch.Tensor,
-                parents: torch.Tensor, target: torch.Tensor, target_name: str,
-                q: torch.Tensor | None) -> None:
-    """Every target row below ``num_nodes``; the draft rows of the nodes with a ``child``."""
-    b, n = below.shape
-    v = target.shape[-1]
-    flat = target.reshape(b * n, v)
-    if target_name == "target_logits":
-        check_logits(checks, target_name, flat, below.reshape(-1))
-    else:
-        check_probs(checks, target_name, flat, below.reshape(-1))
-    if q is not None:
-        # Non-children write to a spare column N, so no True races a False on a real parent.
-        owner = torch.where(child, parents, n)
-        has_child = torch.zeros(b, n + 1, dtype=torch.bool, device=parents.device)
-        has_child.scatter_(1, owner, child)
-        check_probs(checks, "draft_probs", q.reshape(b * n, v),
-                    (has_child[:, :n] & below).reshape(-1))
 
 
 def _first(mask: torch.Tensor, values: torch.Tensor) -> str:
