@@ -168,8 +168,12 @@ def bench_cell(cell: dict[str, torch.Tensor], method: str, u: torch.Tensor, band
     best = {k: min(t) for k, t in times.items()}
     return (f"| {b} | {n} | {v} | {method} | {rows_read} | {floor * 1e3:.2f} ms | "
             f"{best['fast'] / floor:.1f} | {best['checked'] / floor:.1f} | "
-            f"{best['torch'] / floor:.1f} | {best['contender'] / best['fast']:.0f} / "
-            f"{best['contender'] / best['checked']:.0f} |")
+            f"{best['torch'] / floor:.1f} | {_ratio(best['contender'] / best['fast'])} / "
+            f"{_ratio(best['contender'] / best['checked'])} |")
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.1f}" if x < 10 else f"{x:.0f}"
 
 
 if __name__ == "__main__":
