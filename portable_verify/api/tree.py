@@ -8,6 +8,7 @@ import torch
 
 from portable_verify import dispatch
 from portable_verify.api.parse import read_options, target_tensor
+from portable_verify.backends.base import ReadValueError
 from portable_verify.core import arguments, rng
 from portable_verify.core.arguments import ArrayLike, optional_count, to_tensor
 from portable_verify.core.tree import CHILDREN_MODES, Children, TreeInputs, TreeResult
@@ -95,9 +96,11 @@ def verify_tree(
         method, temperature, seed, seed_offset, explicit_u, b, n, device,
         target_name == "target_probs", validate)
     chosen = dispatch.select_tree_backend(backend, device.type)
-    if validate:  # every value check, in one host transfer
-        _check_values(tokens, tree_parents, counts, target, target_name, q, max_depth, temps, u,
-                      explicit_u is not None)
+    rides = validate and chosen.traits.checks_tree_reads  # the walk does the value checks
+    checked = (tokens, tree_parents, counts, target, target_name, q, max_depth, temps, u,
+               explicit_u is not None)
+    if validate and not rides:  # every value check, in one host transfer
+        _check_values(*checked)
     inputs = TreeInputs(
         node_token_ids=tokens,
         parents=tree_parents,
@@ -113,8 +116,14 @@ def verify_tree(
         uniforms=u,
         width=width,
         typical=typical,
+        check_read_values=rides,
     )
-    token_ids, node_ids, accepted = dispatch.run_tree(chosen, inputs)
+    try:
+        token_ids, node_ids, accepted = dispatch.run_tree(chosen, inputs)
+    except ReadValueError:  # the walk only flagged a value: the full checks word it
+        _check_values(*checked)
+        raise ValueError("a target or draft_probs row the tree walk reads holds NaN/inf or is "
+                         "not a distribution") from None
     return TreeResult.of(token_ids, node_ids, accepted, return_numpy)
 
 

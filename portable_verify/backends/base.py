@@ -45,6 +45,10 @@ class BackendTraits:
     dispatch gives ``auto`` a backend that has the call's method, and refuses an explicit one
     that lacks it.
     ``supports_trees``: it implements :meth:`Backend.run_tree` (``pv.verify_tree``).
+    ``checks_tree_reads``: under ``validate=True`` its :meth:`Backend.run_tree` does the value
+    checks itself (``TreeInputs.check_read_values``): the tree's structure, temperatures and
+    uniforms, and the target and draft rows its walk reads; the front door skips its own
+    value checks (and their host transfer) and words a flag with them.
     """
 
     is_reference: bool = False
@@ -54,6 +58,7 @@ class BackendTraits:
     host_calls: bool = False
     sampled_methods: tuple[str, ...] = ("rejection", "typical")
     supports_trees: bool = False
+    checks_tree_reads: bool = False
 
 
 class ReadValueError(ValueError):

@@ -26,6 +26,7 @@ from portable_verify.backends.base import (
 )
 from portable_verify.core.arguments import FLOAT32_MAX, request_seeds
 from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
+from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyCall, VerifyInputs
 
 HALF = (torch.float16, torch.bfloat16)
@@ -229,7 +230,8 @@ class NumbaBackend(Backend):
     name = "numba"
     description = "one numba-compiled CPU kernel per call (the fast CPU path)"
     devices = ("cpu",)
-    traits = BackendTraits(checks_what_it_reads=True, host_calls=True)
+    traits = BackendTraits(checks_what_it_reads=True, host_calls=True, supports_trees=True,
+                           checks_tree_reads=True)
 
     def availability(self) -> Availability:
         return _AVAILABILITY  # asked on every automatic selection: computed once
@@ -300,3 +302,12 @@ class NumbaBackend(Backend):
         if not ok:
             raise ReadValueError("a value the decision reads is invalid")
         return torch.from_numpy(tokens), torch.from_numpy(accepted)
+
+    def run_tree(self, inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The tree walk as one kernel (``backends/numba_tree.py``)."""
+        from portable_verify.backends.numba_tree import tree_arrays  # it imports this module
+
+        tokens, nodes, accepted, ok = tree_arrays(inputs)
+        if not ok:
+            raise ReadValueError("a value the tree walk reads is invalid")
+        return torch.from_numpy(tokens), torch.from_numpy(nodes), torch.from_numpy(accepted)

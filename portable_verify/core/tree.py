@@ -42,6 +42,7 @@ class TreeInputs:
     uniforms: Any | None  # float32 [B, N] in (0, 1]; None when all_greedy
     width: int  # W = N, or max_depth + 1
     typical: TypicalParams = DEFAULT_TYPICAL
+    check_read_values: bool = False  # the backend checks the rows it reads (checks_tree_reads)
 
     @property
     def batch_size(self) -> int:

@@ -11,17 +11,26 @@ otherwise; target logits N(0, 3^2). Greedy and sampled (T = 1, deterministic chi
 
 * floor: the rows the reference walk reads (one target row per visited node: ``a + 1`` per
   request), in bytes, over this machine's read bandwidth measured in the same run (numpy max
-  over a 256 MiB float32 array);
+  over a 256 MiB float32 array, best of 5);
+* ``numba:cpu`` (the CPU default) with ``validate=False`` and with the default
+  ``validate=True``, and ``torch:cpu`` with ``validate=False``, over the floor;
 * contender (SGLang's ``tree_speculative_sampling_target_only`` / ``verify_tree_greedy`` rule
-  in torch): softmax (or argmax) over all B*N rows, a loop over depth only, thresholds 1.
+  in torch): softmax (or argmax) over all B*N rows, a loop over depth only, thresholds 1; its
+  time over numba's (both validation settings).
 
+Every time is the calling thread's CPU time (``time.thread_time``: all four run on it, one
+thread each), the minimum over ``--reps`` interleaved repetitions (the four see the same
+machine state; on a shared machine the minimum is the repetition least disturbed by other
+jobs, where a median mostly measures the contention). Before each timed call a 64 MiB buffer
+is read, so the cell's rows come from memory as the floor assumes (a repeated call on the
+same inputs would otherwise find a small cell's rows in the last-level cache). Both backends
+and, on greedy cells, the contender must agree token for token (asserted).
 Only ratios measured side by side in this one run are reported.
 """
 
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 import numpy as np
@@ -90,17 +99,24 @@ def sglang_contender(cell: dict[str, torch.Tensor], greedy: bool,
     return accepted, final.clamp(max=row.shape[-1] - 1)
 
 
+_EVICT = np.ones(1 << 24, dtype=np.float32)
+"""64 MiB, twice this machine's L3: read before each timed call."""
+
+
 def read_bandwidth() -> float:
-    """Bytes per second one core reads here (numpy max over 256 MiB, best of 5)."""
+    """Bytes per CPU second one core reads here (numpy max over 256 MiB, best of 5)."""
     buf = np.ones((1 << 26,), dtype=np.float32)
     best = min(_timed(buf.max) for _ in range(5))
     return buf.nbytes / best
 
 
 def _timed(fn, *args, **kwargs) -> float:  # type: ignore[no-untyped-def]
-    start = time.perf_counter()
+    """The calling thread's CPU time for one call (every contestant runs on this one thread):
+    on a shared machine wall time also counts the time other jobs hold the core, which
+    inflates long calls far more than short ones."""
+    start = time.thread_time()
     fn(*args, **kwargs)
-    return time.perf_counter() - start
+    return time.thread_time() - start
 
 
 def main() -> None:
@@ -111,34 +127,53 @@ def main() -> None:
     torch.set_num_threads(1)
     bandwidth = read_bandwidth()
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (numpy max, one core)")
-    print("| B | N | V | method | rows read | floor | ours/floor (validate=False) | "
-          "ours/floor (validate=True) | contender/ours |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| B | N | V | method | rows read | floor | numba/floor (validate=False) | "
+          "numba/floor (validate=True) | torch/floor (validate=False) | "
+          "contender/numba (False / True) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for b, n, v in QUICK if args.quick else CELLS:
         if b * n * v * 4 > MAX_BYTES:
             continue
         cell = make_cell(b, n, v)
-        u = pv.verify_tree(**cell, seed=1, uniforms=None).token_ids  # warm up
         u = torch.rand(b, n, generator=torch.Generator().manual_seed(2)).clamp_min(2**-24)
         for method in ("greedy", "rejection"):
-            greedy = method == "greedy"
-            call = {**cell, "method": method, "uniforms": u, "backend": "torch:cpu"}
-            res = pv.verify_tree(**call)
-            if greedy:  # the same rule: the contender must agree token for token
-                accepted, final = sglang_contender(cell, True, u)
-                assert torch.equal(accepted, res.num_accepted)
-                assert torch.equal(final, res.token_ids.gather(1, accepted[:, None])[:, 0])
-            rows_read = int((res.num_accepted + 1).sum())
-            floor = rows_read * v * 4 / bandwidth
-            times: dict[str, list[float]] = {"fast": [], "checked": [], "contender": []}
-            for _ in range(args.reps):  # interleaved: the three see the same machine state
-                times["fast"].append(_timed(pv.verify_tree, **call, validate=False))
-                times["checked"].append(_timed(pv.verify_tree, **call))
-                times["contender"].append(_timed(sglang_contender, cell, greedy, u))
-            med = {k: statistics.median(t) for k, t in times.items()}
-            print(f"| {b} | {n} | {v} | {method} | {rows_read} | {floor * 1e3:.2f} ms | "
-                  f"{med['fast'] / floor:.1f} | {med['checked'] / floor:.1f} | "
-                  f"{med['contender'] / med['fast']:.1f} |", flush=True)
+            print(bench_cell(cell, method, u, bandwidth, args.reps), flush=True)
+
+
+def bench_cell(cell: dict[str, torch.Tensor], method: str, u: torch.Tensor, bandwidth: float,
+               reps: int) -> str:
+    """One table row: the backends' answers compared, then their interleaved times."""
+    b, n, v = cell["target_logits"].shape
+    greedy = method == "greedy"
+    call = {**cell, "method": method, "uniforms": u}
+    res = pv.verify_tree(**call, backend="numba:cpu")  # also the warm-up (compiles once)
+    assert torch.equal(res.token_ids, pv.verify_tree(**call, backend="torch:cpu").token_ids)
+    if greedy:  # the same rule: the contender must agree token for token
+        accepted, final = sglang_contender(cell, True, u)
+        assert torch.equal(accepted, res.num_accepted)
+        assert torch.equal(final, res.token_ids.gather(1, accepted[:, None])[:, 0])
+    rows_read = int((res.num_accepted + 1).sum())
+    floor = rows_read * v * 4 / bandwidth
+    runs = {
+        "fast": lambda: pv.verify_tree(**call, backend="numba:cpu", validate=False),
+        "checked": lambda: pv.verify_tree(**call, backend="numba:cpu"),
+        "torch": lambda: pv.verify_tree(**call, backend="torch:cpu", validate=False),
+        "contender": lambda: sglang_contender(cell, greedy, u),
+    }
+    times: dict[str, list[float]] = {k: [] for k in runs}
+    for _ in range(reps):  # interleaved: the four see the same machine state
+        for key, run in runs.items():
+            _EVICT.max()  # the rows leave the caches, so every call reads them from memory
+            times[key].append(_timed(run))
+    best = {k: min(t) for k, t in times.items()}
+    return (f"| {b} | {n} | {v} | {method} | {rows_read} | {floor * 1e3:.2f} ms | "
+            f"{best['fast'] / floor:.1f} | {best['checked'] / floor:.1f} | "
+            f"{best['torch'] / floor:.1f} | {_ratio(best['contender'] / best['fast'])} / "
+            f"{_ratio(best['contender'] / best['checked'])} |")
+
+
+def _ratio(x: float) -> str:
+    return f"{x:.1f}" if x < 10 else f"{x:.0f}"
 
 
 if __name__ == "__main__":

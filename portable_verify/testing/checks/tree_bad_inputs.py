@@ -72,8 +72,10 @@ TREE_BAD_CASES: list[tuple[str, Edit, str, type[Exception]]] = [
      "draft_probs", ValueError),
     ("an unknown children mode", _set("children", "sampled"), "children", ValueError),
     ("method='block'", _set("method", "block"), "block", ValueError),
-    ("NaN in the target", _at("target_logits", (1, 2, 0), float("nan")), "target_logits",
-     ValueError),
+    # The root's row: every walk reads it (a backend with traits.checks_tree_reads checks only
+    # the rows its walk reads; docs/semantics.md, Trees).
+    ("NaN in the target's root row", _at("target_logits", (1, 0, 0), float("nan")),
+     "target_logits", ValueError),
     ("a draft row that does not sum to 1", _at("draft_probs", (0, 0, 1), 3.0), "draft_probs",
      ValueError),
     ("a bad root draft row beside a -1 child", _all(_at("node_token_ids", (0, 2), -1),

@@ -1,0 +1,290 @@
+"""Token trees on the CPU as one numba kernel: docs/semantics.md ("Trees"), one walk per request.
+
+Why a walk per request: a request's decision reads only the rows on its path (a node's target
+row when the walk enters it, its draft row when it tests children), so a compiled walk reads
+what the numpy reference reads and no more; the torch backend's vectorised steps and SGLang's
+rule read every row or pay ~30 array calls per step. The row passes are numba_chain's own
+(:mod:`numba_math`, :func:`numba_kernels.draw`) in the same order, so a chain (``parents = [-1,
+0, 1, ...]``) gives exactly what ``verify`` gives on ``numba:cpu``.
+
+State at a node: ``w`` (the row the draw reads: the node's ``exp((l - max) / T)`` or ``p``, then
+each latest non-empty residual before normalisation) and ``scale`` (its sum; the tests read
+``r(x) = w(x) / scale``). Deterministic children zero ``x`` in ``w`` (in place: ``w`` is ours);
+sampled children write ``max(0, w / scale - q)`` into one of two buffers, so an empty residual
+keeps the previous ``w``. Under ``check`` (``validate=True`` for this backend) the rows it
+reads are checked on the way (``TreeInputs.check_read_values``); the front door words a flag.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+import torch
+
+from portable_verify.backends.numba_cpu import (
+    EMPTY_F32_2,
+    HALF,
+    host_array,
+    options_record,
+    run_split,
+    threads_for,
+)
+from portable_verify.backends.numba_kernels import (
+    TEMP_HIGH,
+    TEMP_LOW,
+    _softmax_row,
+    draw,
+    draw_checked,
+)
+from portable_verify.backends.numba_math import JIT, entropy, residual, row_argmax, row_stats
+from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
+from portable_verify.core.tree import TreeInputs
+
+CHILDREN_CODES = {"deterministic": 0, "iid": 1, "without_replacement": 2}
+
+
+@numba.njit(inline="always", **JIT)
+def _not_distribution(row, atol):
+    """A row read in full that is not a distribution: a negative or NaN entry, or a total not
+    within ``atol`` of 1 (``kernels._is_distribution``'s rule)."""
+    low, has_nan, total = row_stats(row)
+    return not (low >= 0 and not has_nan and total < np.inf and abs(total - 1) <= atol)
+
+
+@numba.njit(inline="always", **JIT)
+def _children(tokens, parents, i, n, v_size, first, after):
+    """Request ``i``'s children lists: ``first[c]`` its lowest-index child, ``after[c]`` the
+    next sibling (-1: none). A child lies below ``n``, has a parent before it and an id in
+    ``[0, V)`` (-1 nodes and unvalidated garbage are absent, as in ``numpy_ref_tree``)."""
+    first[:] = -1
+    after[:] = -1
+    for c in range(n - 1, 0, -1):  # backwards, so each list ends up in index order
+        p = parents[i, c]
+        x = tokens[i, c]
+        if p >= 0 and p < c and x >= 0 and x < v_size:
+            after[c] = first[p]
+            first[p] = c
+
+
+@numba.njit(inline="always", **JIT)
+def _bad_structure(tokens, parents, num_nodes, temps, u, i, v_size, max_depth, is_logits, depth):
+    """Request ``i``'s ``O(N)`` checks (``core/tree_validation.py``'s, which word a flag):
+    ``num_nodes`` in ``[1, N]``, the root's parent -1, parents before children and ids in
+    ``[0, V)`` or -1 below ``num_nodes``, no reachable node deeper than ``max_depth``, the
+    temperature, the uniforms in ``(0, 1]``. ``depth`` is scratch (-1: not reached)."""
+    n_slots = tokens.shape[1]
+    n = num_nodes[i]
+    bad = n < 1 or n > n_slots or parents[i, 0] != -1
+    t = temps[i]
+    bad = bad or not (t >= 0 and t < np.inf) or (not is_logits and t != 0 and t != 1)
+    if u.shape[0] > 0:
+        for j in range(n_slots):
+            bad = bad or not (u[i, j] > 0 and u[i, j] <= 1)
+    depth[0] = 0
+    for c in range(1, min(max(n, 1), n_slots)):
+        p = parents[i, c]
+        x = tokens[i, c]
+        bad = bad or p < 0 or p >= c or x < -1 or x >= v_size
+        depth[c] = depth[p] + 1 if (p >= 0 and p < c and x != -1 and depth[p] >= 0) else -1
+        bad = bad or depth[c] > max_depth
+    return bad
+
+
+@numba.njit(**JIT)
+def _greedy_walk(target, tokens, i, n_slots, first, after, max_depth, is_logits, check, path):
+    """``(accepted, final, bad)``: descend into the lowest-index child equal to the row's
+    argmax; the first unmatched argmax is the final token."""
+    node = 0
+    depth = 0
+    bad = False
+    while True:
+        row = target[i * n_slots + node]
+        g = row_argmax(row)
+        if check:  # the argmax lands on a NaN if the row has one
+            top = row[g]
+            bad = bad or (is_logits and not (top > -np.inf and top < np.inf))
+            bad = bad or (not is_logits and not (top >= 0 and top < np.inf))
+        c = first[node] if depth < max_depth else -1
+        while c >= 0 and tokens[i, c] != g:
+            c = after[c]
+        if c < 0:
+            return depth, g, bad
+        path[depth] = c
+        depth += 1
+        node = c
+
+
+@numba.njit(**JIT)
+def _test_children(p, s, p_is_ours, qrow, qbuf, res, tokens, u, i, c, after, mode):
+    """Rejection sampling over the children ``c, after[c], ...`` of one node (``mode`` 0
+    deterministic, 1 iid, 2 without replacement); ``p`` is the node's row (``s`` its scale;
+    ``p_is_ours``: a scratch row, else the caller's, which is never written).
+    Returns ``(accepted child or -1, which)``: the draw reads ``p`` (0) or ``res[which - 1]``."""
+    w = p
+    scale = s
+    which = 0
+    q = qrow
+    fresh = True
+    while c >= 0:
+        x = tokens[i, c]
+        rx = np.float32(np.float32(w[x]) / np.float32(scale))
+        qx = np.float32(1.0) if mode == 0 else q[x]
+        if rx > 0 and np.float32(u[i, c - 1]) * qx <= rx:
+            return c, which
+        if mode == 0:  # q = one-hot(x): zero x, unless it empties the residual
+            if which == 0 and not p_is_ours:  # probabilities: work on a copy of the row
+                res[0][:] = p
+                w = res[0]
+                which = 1
+                scale = row_stats(w)[2]
+            wx = np.float64(w[x])
+            if wx > 0 and scale - wx > 0:
+                w[x] = 0.0
+                scale -= wx
+        else:
+            out = res[1] if which == 1 else res[0]
+            residual(w, scale, q, out)
+            total = row_stats(out)[2]
+            if total > 0:  # an empty residual keeps w
+                w = out
+                scale = total
+                which = 2 if which == 1 else 1
+            if mode == 2:  # q <- norm(q with x zeroed), after the subtraction
+                if fresh:
+                    qbuf[:] = qrow
+                    q = qbuf
+                q[x] = 0.0
+                qt = np.float32(row_stats(q)[2])
+                if qt > 0:
+                    for j in range(q.shape[0]):
+                        q[j] = q[j] / qt
+        fresh = False
+        c = after[c]
+    return -1, which
+
+
+@numba.njit(**JIT)
+def _sampled_walk(target, q, tokens, i, n_slots, first, after, max_depth, mode, tf, u, o,
+                  scratch, qbuf, res, path):
+    """``(accepted, final, bad)`` of a sampled request: enter a node (its row's softmax, entropy
+    and checks), test its children (typical: the first passing; rejection: the residual
+    rule), descend or finish with the argmax (typical, after a failed test) or a draw."""
+    v = np.float32(u[i, n_slots - 1])
+    node = 0
+    depth = 0
+    bad = False
+    while True:
+        row = target[i * n_slots + node]
+        p = row
+        s = 1.0
+        h = 0.0
+        if o.is_logits:
+            s, h, bad_row = _softmax_row(row, tf, scratch, o.typical, o.check)
+            bad = bad or bad_row
+            p = scratch
+        else:
+            bad = bad or (o.check and _not_distribution(row, o.atol))
+            if o.typical:
+                h = entropy(row)[0]
+        c = first[node] if depth < max_depth else -1
+        if c < 0:  # a leaf (or the depth cap): a draw from the node's row
+            if o.check and not o.is_logits:
+                return depth, draw_checked(p, v, o.atol)[0], bad
+            return depth, draw(p, v)[0], bad
+        if o.typical:
+            threshold = min(o.eps, o.alpha * math.exp(-h))
+            while c >= 0 and not (np.float32(np.float32(p[tokens[i, c]]) / np.float32(s))
+                                  > threshold):
+                c = after[c]
+            if c < 0:
+                return depth, _argmax_of(p, o.is_logits), bad
+        else:
+            qrow = p
+            if mode != 0:
+                qrow = q[i * n_slots + node]
+                bad = bad or (o.check and _not_distribution(qrow, o.q_atol))
+            c, which = _test_children(p, s, o.is_logits, qrow, qbuf, res, tokens, u, i, c,
+                                      after, mode)
+            if c < 0:
+                return depth, draw(p if which == 0 else res[which - 1], v)[0], bad
+        path[depth] = c
+        depth += 1
+        node = c
+
+
+@numba.njit(inline="always", **JIT)
+def _argmax_of(p, is_logits):
+    """The row's argmax; of exponentials, the first equal to ``exp(0) = 1`` (as the chain)."""
+    if is_logits:
+        for t in range(p.shape[0]):
+            if p[t] >= 1.0:
+                return t
+    return row_argmax(p)
+
+
+@numba.njit(**JIT)
+def walk(target, q, tokens, parents, num_nodes, temps, u, mode, max_depth, options, lo, hi,
+         out_tokens, out_nodes, out_accepted):
+    """Fill ``out_*`` for requests ``lo .. hi-1``; returns 1 when ``options.check`` is set and
+    a value the walk reads is invalid. ``target`` / ``q``: flat ``[B*N, V]`` rows (``q`` is
+    a dummy for deterministic children); ``u``: ``[B, N]`` (empty when every row is greedy).
+    Disjoint request ranges may run at once (the kernel releases the GIL)."""
+    o = options[0]
+    n_slots = tokens.shape[1]
+    v_size = target.shape[1]
+    first = np.empty(n_slots, dtype=np.int64)
+    after = np.empty(n_slots, dtype=np.int64)
+    path = np.empty(n_slots, dtype=np.int64)
+    scratch = np.empty(v_size, dtype=np.float32)
+    qbuf = np.empty(v_size if mode == 2 else 0, dtype=np.float32)
+    res = np.empty((2, v_size), dtype=np.float32)
+    error = 0
+    for i in range(lo, hi):
+        n = min(max(num_nodes[i], 1), n_slots)  # garbage (validate=False) clamped
+        _children(tokens, parents, i, n, v_size, first, after)
+        if o.check and _bad_structure(tokens, parents, num_nodes, temps, u, i, v_size,
+                                      max_depth, o.is_logits, path):
+            error = 1
+        t = np.float64(temps[i])
+        if o.all_greedy or t == 0:
+            a, final, bad = _greedy_walk(target, tokens, i, n_slots, first, after, max_depth,
+                                         o.is_logits, o.check, path)
+        else:
+            tf = np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
+            a, final, bad = _sampled_walk(target, q, tokens, i, n_slots, first, after,
+                                          max_depth, mode, tf, u, o, scratch, qbuf, res, path)
+        error = max(error, 1 if bad else 0)
+        out_accepted[i] = a
+        for j in range(out_tokens.shape[1]):
+            out_tokens[i, j] = tokens[i, path[j]] if j < a else (final if j == a else -1)
+            out_nodes[i, j] = path[j] if j < a else -1
+    return error
+
+
+def tree_arrays(inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """``(token_ids, node_ids, num_accepted, ok)`` from validated torch CPU tree inputs."""
+    b, v = inputs.batch_size, inputs.vocab_size
+    target, q = inputs.target, inputs.draft_probs
+    atol, q_atol = (PROB_SUM_ATOL_HALF if t is not None and t.dtype in HALF else PROB_SUM_ATOL
+                    for t in (target, q))
+    target = host_array(target.detach().float() if target.dtype != torch.float32 else target,
+                        np.float32)
+    mode = CHILDREN_CODES[inputs.children]
+    q = target if q is None or mode == 0 else host_array(q.detach().float(), np.float32)
+    record = options_record(is_logits=inputs.target_is_logits, all_greedy=inputs.all_greedy,
+                            typical=inputs.sampled_method == "typical",
+                            check=inputs.check_read_values, atol=atol, q_atol=q_atol,
+                            **vars(inputs.typical))  # eps, alpha
+    u = EMPTY_F32_2 if inputs.uniforms is None else host_array(inputs.uniforms, np.float32)
+    width = inputs.width
+    tokens = np.empty((b, width), dtype=np.int64)
+    nodes = np.empty((b, width), dtype=np.int64)
+    accepted = np.empty(b, dtype=np.int64)
+    error = run_split(walk, b, threads_for(b * v * 2, b), (
+        target, q, host_array(inputs.node_token_ids, np.int64),
+        host_array(inputs.parents, np.int64), host_array(inputs.num_nodes, np.int64),
+        host_array(inputs.temperature, np.float32), u, mode, width - 1, record),
+        (tokens, nodes, accepted))
+    return tokens, nodes, accepted, error == 0
