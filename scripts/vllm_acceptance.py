@@ -1,8 +1,9 @@
 """Opt-in: mean accepted tokens per step inside vLLM, by method, through vLLM's own counters.
 
-Not in CI: 5 engine starts and 15 batches of 8 requests x 64 tokens, 20-30 minutes on a
-2-core machine. Run ``python scripts/vllm_acceptance.py [--json FILE]``; docs/integrations.md
-("In-engine acceptance") holds its last output.
+Not in CI: 5 engine starts and 40 batches of 8 requests x 48 tokens, 20-40 minutes on a
+2-core machine. Run ``PYTHONPATH=$PWD python scripts/vllm_acceptance.py [--json FILE]``;
+docs/integrations.md ("In-engine acceptance") holds its last output. With ``--json`` the file
+is rewritten after every engine start, so a run stopped early keeps its finished trials.
 
 Set-up: the default target (SmolLM2-135M, float32) with its truncated 20-layer draft, k=2, the
 draft sampling its drafts (``draft_sample_method: probabilistic``, so draft probabilities reach
@@ -19,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import platform
 import statistics
 import sys
 from typing import Any
@@ -28,8 +31,8 @@ from portable_verify.integrations import models
 from portable_verify.integrations.vllm_v1 import engine, plugin
 from portable_verify.integrations.vllm_v1.engine import DEFAULT_PROMPTS, EngineConfig
 
-BATCHES = 3
-MAX_TOKENS = 64
+BATCHES = 8
+MAX_TOKENS = 48
 TEMPERATURE = 0.8
 
 
@@ -55,11 +58,56 @@ def _t_interval(values: list[float]) -> tuple[float, float, float]:
     return mean, mean - half, mean + half
 
 
+def _machine() -> dict[str, Any]:
+    """What the figures were measured on (vLLM's workers bind their own OpenMP threads)."""
+    import torch
+    import vllm
+
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        model = next((line.split(":", 1)[1].strip() for line in f
+                      if line.startswith("model name")), platform.processor())
+    return {"cpu": model, "cpu_count": os.cpu_count(), "vllm": vllm.__version__,
+            "torch": torch.__version__, "load_average": os.getloadavg(),
+            "VLLM_CPU_OMP_THREADS_BIND": os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto")}
+
+
+def _report(trials: dict[str, list[dict[str, Any]]], order: list[str], args: Any,
+            spec: dict[str, Any]) -> dict[str, Any]:
+    """Every figure so far: per method totals and trials, and the paired block gain."""
+    report: dict[str, Any] = {"order": order, "batches_per_start": args.batches,
+                              "requests_per_batch": len(DEFAULT_PROMPTS),
+                              "max_tokens": args.max_tokens, "temperature": TEMPERATURE,
+                              "speculative_config": {**spec, "model": "<first 20 layers>"},
+                              "machine": _machine(), "methods": {}}
+    for method, rows in trials.items():
+        drafts = sum(r["counters"]["num_drafts"] for r in rows)
+        accepted = sum(r["counters"]["num_accepted_tokens"] for r in rows)
+        report["methods"][method] = {"trials": len(rows), "drafts": drafts,
+                                     "accepted": accepted,
+                                     "accepted_per_step": accepted / drafts if drafts else None,
+                                     "per_trial": [r["accepted_per_step"] for r in rows]}
+    # ABBA: block start 1 pairs with rejection start 0, block start 2 with rejection start 3.
+    pairs = list(zip(trials.get("block", []), trials["rejection"], strict=False))
+    if len(pairs) >= 2:
+        gains = [b["accepted_per_step"] - r["accepted_per_step"] for b, r in pairs]
+        mean, low, high = _t_interval(gains)
+        report["block_minus_rejection"] = {"paired_trials": len(gains), "mean": mean,
+                                           "ci95": [low, high], "per_trial": gains}
+    return report
+
+
+def _write(path: str, report: dict[str, Any]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="write every figure to this file")
     parser.add_argument("--batches", type=int, default=BATCHES, help="trials per engine start")
     parser.add_argument("--max-tokens", type=int, default=MAX_TOKENS)
+    parser.add_argument("--no-typical", action="store_true",
+                        help="only the ABBA rejection/block starts (more paired trials)")
     args = parser.parse_args(argv)
     problem = engine.vllm_missing_reason()
     if problem:
@@ -70,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = {"method": "draft_model", "model": str(draft), "num_speculative_tokens": 2,
             "draft_sample_method": "probabilistic"}
     pair = ["rejection", "block"] if "block" in METHODS else ["rejection"]
-    order = [*pair, *reversed(pair), "typical"]
+    order = [*pair, *reversed(pair), *([] if args.no_typical else ["typical"])]
     trials: dict[str, list[dict[str, Any]]] = {m: [] for m in dict.fromkeys(order)}
     for start, method in enumerate(order):
         config = EngineConfig(f"draft+{method}", spec, "sampler",
@@ -85,28 +133,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"start {start} ({method}): "
               + ", ".join(f"{t['accepted_per_step']:.3f}" for t in trials[method][-args.batches:]),
               flush=True)
-    report: dict[str, Any] = {"order": order, "batches_per_start": args.batches,
-                              "requests_per_batch": len(DEFAULT_PROMPTS),
-                              "max_tokens": args.max_tokens, "temperature": TEMPERATURE,
-                              "speculative_config": {**spec, "model": "<first 20 layers>"},
-                              "methods": {}}
-    for method, rows in trials.items():
-        drafts = sum(r["counters"]["num_drafts"] for r in rows)
-        accepted = sum(r["counters"]["num_accepted_tokens"] for r in rows)
-        report["methods"][method] = {"trials": len(rows), "drafts": drafts,
-                                     "accepted": accepted,
-                                     "accepted_per_step": accepted / drafts,
-                                     "per_trial": [r["accepted_per_step"] for r in rows]}
-    if "block" in trials:
-        gains = [b["accepted_per_step"] - r["accepted_per_step"]
-                 for b, r in zip(trials["block"], trials["rejection"], strict=True)]
-        mean, low, high = _t_interval(gains)
-        report["block_minus_rejection"] = {"paired_trials": len(gains), "mean": mean,
-                                           "ci95": [low, high], "per_trial": gains}
+        report = _report(trials, order, args, spec)
+        if args.json:
+            _write(args.json, report)
     print(json.dumps(report, indent=2))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(report, f, indent=2)
     return 0
 
 
