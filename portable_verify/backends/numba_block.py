@@ -1,10 +1,11 @@
 """Block verification (docs/semantics.md, *Block verification*) as one compiled CPU kernel.
 
 Each request is ``numpy_ref.block_one``'s twin: the chain ``P_j`` from ``p_j(x_j)`` and
-``q_j(x_j)`` (from logits each row's exponentials and sum are kept, since ``P_j`` needs every
-row's normaliser and a later ``Z_j`` reads the row again), a backward scan that computes
-``Z_j`` only where ``u_j <= P_j``, and one draw. The residual ``Z_j`` is computed on is the
-row the draw reads when the scan stops there, so it is drawn from where it lies.
+``q_j(x_j)`` (from logits every row's maximum and normaliser, on a pass that stores nothing),
+a backward scan that computes ``Z_j`` only where ``u_j <= P_j`` (from logits the row's
+exponentials recomputed: in this kernel that costs no more than keeping ``K`` rows of them),
+and one draw. The residual ``Z_j`` is computed on is the row the draw reads when the scan
+stops there, so it is drawn from where it lies.
 
 :func:`decide_block` has :func:`numba_kernels.decide`'s signature, so ``numba_cpu`` runs it
 over request ranges on the same worker threads (bit-identical at any thread count). Counts,
@@ -37,7 +38,14 @@ from portable_verify.backends.numba_kernels import (
     _u,
     draw,
 )
-from portable_verify.backends.numba_math import JIT, _add_reassoc, exp_sum, row_max
+from portable_verify.backends.numba_math import (
+    JIT,
+    _add_reassoc,
+    _exp32,
+    _exp_row,
+    exp_sum,
+    row_max,
+)
 
 _PART = 512  # residual sums: float32 partial sums per part (16 lanes), float64 across parts
 _ONE = np.float32(1.0)
@@ -47,31 +55,57 @@ _ZERO = np.float32(0.0)
 @numba.njit(**JIT)
 def _residual_part(p, s, scale, q, x, out):
     """``out = max(scale * (p / s) - q, 0)`` over one part (``q`` one-hot at ``x`` when empty),
-    float32 ops in the reference's order (no contraction); returns the part's float32 sum."""
+    float32 ops in the reference's order (no contraction; ``p / 1`` is ``p``, so probabilities
+    skip the division); returns the part's float32 sum."""
     total = _ZERO
+    divide = s != _ONE
     if q.shape[0] == 0:
         for j in range(p.shape[0]):
-            d = scale * (p[j] / s) - (_ONE if j == x else _ZERO)
+            d = scale * (p[j] / s if divide else p[j]) - (_ONE if j == x else _ZERO)
             d = d if d > _ZERO else _ZERO
             out[j] = d
             total = _add_reassoc(total, d)
     else:
         for j in range(p.shape[0]):
-            d = scale * (p[j] / s) - q[j]
+            d = scale * (p[j] / s if divide else p[j]) - q[j]
             d = d if d > _ZERO else _ZERO
             out[j] = d
             total = _add_reassoc(total, d)
     return total
 
 
+@numba.njit(**JIT, fastmath={"contract"})
+def _exp_sum_part(row, m, t):
+    """float32 sum of ``exp((row - m) / t)`` over one part, nothing stored: ``P_j`` needs only
+    each row's normaliser, and a pass that writes the row costs ~a third more."""
+    total = _ZERO
+    for j in range(row.shape[0]):
+        total = _add_reassoc(total, _exp32((row[j] - m) / t))
+    return total
+
+
+@numba.njit(**JIT, fastmath={"contract"})
+def _normaliser(row, m, t, x):
+    """``(sum, e_x)``: the float64 sum of a logits row's exponentials (float32 parts) and the
+    exponential at ``x`` (as the reference: within float rounding, docs/semantics.md)."""
+    size = row.shape[0]
+    total = 0.0
+    for b0 in range(0, size, _PART):
+        total += np.float64(_exp_sum_part(row[b0:min(size, b0 + _PART)], m, t))
+    return total, _exp32((row[x] - m) / t)
+
+
 @numba.njit(inline="always", **JIT)
-def _residual(target, rows, drafts, q, qrows, is_logits, i, j, scale, exps, sums, out):
-    """``max(scale * p_j - q_j, 0)`` of request ``i`` into ``out``; its float64 total (``Z``)."""
+def _residual(target, rows, drafts, q, qrows, is_logits, i, j, scale, tf, maxes, sums, scratch,
+              out):
+    """``max(scale * p_j - q_j, 0)`` of request ``i`` into ``out``; its float64 total (``Z``).
+    From logits row ``j``'s exponentials are recomputed into ``scratch`` (left there)."""
     k = drafts.shape[1]
+    p = target[_target_row(rows, i, j, k, target.shape[0])]
+    s = _ONE
     if is_logits:
-        p, s = exps[j], np.float32(sums[j])
-    else:
-        p, s = target[_target_row(rows, i, j, k, target.shape[0])], _ONE
+        _exp_row(p, maxes[j], tf, scratch)
+        p, s = scratch, np.float32(sums[j])
     qrow = out[:0] if q.shape[0] == 0 else q[_draft_row(qrows, i, j, k, q.shape[0])]
     x = drafts[i, j]
     size = p.shape[0]
@@ -84,9 +118,9 @@ def _residual(target, rows, drafts, q, qrows, is_logits, i, j, scale, exps, sums
 
 
 @numba.njit(**JIT)
-def _chain(target, rows, drafts, q, qrows, is_logits, i, n, tf, exps, sums, chain):
+def _chain(target, rows, drafts, q, qrows, is_logits, i, n, tf, maxes, sums, chain, scratch):
     """``chain[j] = P_j`` for ``j < n`` (float32, as the reference); from logits also each
-    row's exponentials (``exps[j]``) and their float64 sum (``sums[j]``)."""
+    row's maximum and the float64 sum of its exponentials (``maxes[j]``, ``sums[j]``)."""
     k = drafts.shape[1]
     v_size = target.shape[1]
     prev = _ONE
@@ -96,8 +130,9 @@ def _chain(target, rows, drafts, q, qrows, is_logits, i, n, tf, exps, sums, chai
         in_vocab = x >= 0 and x < v_size
         xc = min(max(x, 0), v_size - 1)
         if is_logits:
-            sums[j] = exp_sum(row, row_max(row)[0], tf, exps[j])
-            px = np.float32(exps[j, xc]) / np.float32(sums[j])
+            maxes[j] = row_max(row)[0]
+            sums[j], e_x = _normaliser(row, maxes[j], tf, xc)
+            px = e_x / np.float32(sums[j])
         else:
             px = row[xc]
         qx = _ONE if q.shape[0] == 0 else q[_draft_row(qrows, i, j, k, q.shape[0]), xc]
@@ -113,8 +148,8 @@ def _chain(target, rows, drafts, q, qrows, is_logits, i, n, tf, exps, sums, chai
 
 
 @numba.njit(**JIT)
-def _scan(target, rows, drafts, q, qrows, explicit_u, is_logits, i, n, key, exps, sums, chain,
-          out):
+def _scan(target, rows, drafts, q, qrows, explicit_u, is_logits, i, n, key, tf, maxes, sums,
+          chain, scratch, out):
     """The backward scan: ``a``. Where it stops at ``j < n-1`` the residual of row ``a = j+1``
     (``Z_j``'s terms) is left in ``out``."""
     for j in range(n - 1, -1, -1):
@@ -123,8 +158,8 @@ def _scan(target, rows, drafts, q, qrows, explicit_u, is_logits, i, n, key, exps
             continue  # h_j <= P_j: no row read
         if j == n - 1:  # h_{n-1} = P_{n-1}
             return n
-        z = _residual(target, rows, drafts, q, qrows, is_logits, i, j + 1, chain[j], exps,
-                      sums, out)
+        z = _residual(target, rows, drafts, q, qrows, is_logits, i, j + 1, chain[j], tf, maxes,
+                      sums, scratch, out)
         p_j = np.float64(chain[j])
         h = z / (z + (1.0 - p_j)) if z > 0 else 0.0
         if np.float64(u) <= h:
@@ -150,8 +185,7 @@ def _bad_rows(target, rows, q, qrows, o, i, n, k):
 
 
 @numba.njit(inline="always", **JIT)
-def _block_token(target, rows, drafts, q, qrows, o, i, a, n, tf, v, exps, sums, chain, scratch,
-                 out):
+def _block_token(target, rows, drafts, q, qrows, o, i, a, n, tf, v, maxes, sums, scratch, out):
     """The draw after ``a`` accepted drafts: from ``p_n`` when ``a = n``, else from the residual
     ``max(P_{a-1} p_a - q_a, 0)`` (already in ``out`` for ``a > 0``), ``p_a`` when empty."""
     k = drafts.shape[1]
@@ -162,17 +196,19 @@ def _block_token(target, rows, drafts, q, qrows, o, i, a, n, tf, v, exps, sums, 
             row = scratch
         return draw(row, v)[0]
     if a == 0:
-        _residual(target, rows, drafts, q, qrows, o.is_logits, i, 0, _ONE, exps, sums, out)
+        _residual(target, rows, drafts, q, qrows, o.is_logits, i, 0, _ONE, tf, maxes, sums,
+                  scratch, out)
     token, total = draw(out, v)
     if total > 0:
         return token
-    p = exps[a] if o.is_logits else target[_target_row(rows, i, a, k, target.shape[0])]
+    # Empty: from p_a (from logits its exponentials, left in scratch by the residual's pass).
+    p = scratch if o.is_logits else target[_target_row(rows, i, a, k, target.shape[0])]
     return draw(p, v)[0]
 
 
 @numba.njit(**JIT)
 def _block_one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets, bonus,
-               options, i, exps, sums, chain, scratch, out, out_tokens, out_accepted,
+               options, i, maxes, sums, chain, scratch, out, out_tokens, out_accepted,
                out_emitted, out_counts):
     """Request ``i`` from its count to its emission; returns its flag."""
     o = options[0]
@@ -189,14 +225,15 @@ def _block_one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds,
     else:
         tf = np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
         key = _key_of(o, seeds, offsets, explicit_u, i)
-        _chain(target, rows, drafts, q, qrows, o.is_logits, i, n, tf, exps, sums, chain)
-        accepted = _scan(target, rows, drafts, q, qrows, explicit_u, o.is_logits, i, n, key,
-                         exps, sums, chain, out)
+        _chain(target, rows, drafts, q, qrows, o.is_logits, i, n, tf, maxes, sums, chain,
+               scratch)
+        accepted = _scan(target, rows, drafts, q, qrows, explicit_u, o.is_logits, i, n, key, tf,
+                         maxes, sums, chain, scratch, out)
         final = 0
         if not (caller_bonus and accepted == n_raw):  # else the caller's draw replaces ours
             v = _u(explicit_u, key, i, k, DRAW_COUNTER)
-            final = _block_token(target, rows, drafts, q, qrows, o, i, accepted, n, tf, v, exps,
-                                 sums, chain, scratch, out)
+            final = _block_token(target, rows, drafts, q, qrows, o, i, accepted, n, tf, v, maxes,
+                                 sums, scratch, out)
     if caller_bonus and accepted == n_raw:
         final = bonus[i]
     out_accepted[i] = accepted
@@ -212,7 +249,7 @@ def decide_block(target, rows, drafts, counts, q, qrows, temps, explicit_u, seed
     ``ERROR_VALUE`` when ``options.check`` is set and a row or value is invalid."""
     k = drafts.shape[1]
     v_size = target.shape[1]
-    exps = np.empty((k if options[0].is_logits else 0, v_size), dtype=np.float32)
+    maxes = np.empty(k, dtype=np.float32)
     sums = np.empty(k, dtype=np.float64)
     chain = np.empty(k, dtype=np.float32)
     scratch = np.empty(v_size, dtype=np.float32)
@@ -220,7 +257,7 @@ def decide_block(target, rows, drafts, counts, q, qrows, temps, explicit_u, seed
     error = ERROR_NONE
     for i in range(lo, hi):
         error = max(error, _block_one(target, rows, drafts, counts, q, qrows, temps, explicit_u,
-                                      seeds, offsets, bonus, options, i, exps, sums, chain,
+                                      seeds, offsets, bonus, options, i, maxes, sums, chain,
                                       scratch, out, out_tokens, out_accepted, out_emitted,
                                       out_counts))
     return error
