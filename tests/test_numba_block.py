@@ -136,3 +136,16 @@ def test_block_results_identical_at_1_2_and_3_threads() -> None:
 def test_auto_gives_cpu_block_calls_to_numba() -> None:
     """With the kernel in place ``auto`` no longer falls back to torch for block on CPU."""
     assert dispatch.select_backend("auto", "cpu", "block").qualified_name == "numba:cpu"
+
+
+def test_rows_of_only_minus_inf_unvalidated_return_ids_in_range() -> None:
+    """A logits row without a finite value has normaliser 0: no zero division (numba raises
+    ``ZeroDivisionError`` on scalars), its ``p(x)`` is 0, and the ids stay in ``[0, V)``."""
+    logits = torch.randn(2, 3, 6)
+    logits[0, 0] = -float("inf")
+    logits[1, 1] = float("nan")
+    res = pv.verify(torch.tensor([[1, 2], [3, 4]]), target_logits=logits, method="block",
+                    seed=1, backend="numba:cpu", validate=False)
+    assert res.num_accepted[0] == 0
+    emitted = np.arange(3)[None, :] <= res.num_accepted.numpy()[:, None]
+    assert ((res.token_ids.numpy() >= 0) & (res.token_ids.numpy() < 6))[emitted].all()

@@ -143,7 +143,11 @@ def _chain(target, rows, drafts, q, qrows, is_logits, i, n, tf, maxes, sums, cha
         xc = min(max(x, 0), v_size - 1)
         if is_logits:
             maxes[j], sums[j], e_x = _normaliser(row, tf, xc)
-            px = e_x / np.float32(sums[j])
+            px = _ZERO
+            if sums[j] > 0:
+                px = e_x / np.float32(sums[j])
+            else:  # a row of only -inf or NaN (validate=False): p(x) = 0, no zero division later
+                sums[j] = np.nan
         else:
             px = row[xc]
         qx = _ONE if q.shape[0] == 0 else q[_draft_row(qrows, i, j, k, q.shape[0]), xc]
