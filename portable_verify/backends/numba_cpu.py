@@ -34,9 +34,10 @@ HALF = (torch.float16, torch.bfloat16)
 try:  # numba is optional (the `cpu` extra): without it the backend reports itself unavailable
     import numba
 
+    from portable_verify.backends import numba_block
     from portable_verify.backends import numba_kernels as kernels
 except ImportError:
-    kernels = None
+    kernels = numba_block = None
 
 EMPTY_I64_1 = np.empty(0, dtype=np.int64)
 EMPTY_I64_2 = np.empty((0, 0), dtype=np.int64)
@@ -147,11 +148,12 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
                   q: np.ndarray = EMPTY_F32_2, qrows: np.ndarray = EMPTY_I64_2,
                   temps: np.ndarray = EMPTY_F32_1, uniforms: np.ndarray = EMPTY_F32_2,
                   seeds: np.ndarray = EMPTY_I64_1, offsets: np.ndarray = EMPTY_I64_1,
-                  bonus: np.ndarray = EMPTY_I64_1, **options: Any
+                  bonus: np.ndarray = EMPTY_I64_1, block: bool = False, **options: Any
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
     """``(token_ids, num_accepted, num_emitted, num_draft_tokens, ok)`` from host arrays whose
     layout the caller has checked (shapes index memory here: nothing is bounds-checked);
-    ``options`` are the fields of :func:`options_record` other than ``is_logits``.
+    ``options`` are the fields of :func:`options_record` other than ``is_logits``; ``block``:
+    sampled rows take block verification (``numba_block``) instead of ``options``' rule.
 
     ``target`` holds the flat rows ``[..., V]`` (C-contiguous); it and ``drafts`` may also be
     contiguous float32 / int64 CPU tensors, read in place by address.
@@ -162,7 +164,8 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
         raise ValueError("the target has an empty vocabulary dimension")
     r = b * (k + 1) if rows.shape[0] == 0 else target.shape[0]  # rows: target is [R, V]
     tokens, accepted, emitted, out_counts = _outputs(b, k)
-    if type(target) is torch.Tensor and type(drafts) is torch.Tensor and r * v <= BY_ADDRESS_MAX:
+    if (not block and type(target) is torch.Tensor and type(drafts) is torch.Tensor
+            and r * v <= BY_ADDRESS_MAX):
         record = options_record(is_logits=is_logits, **options)
         error = kernels.decide_at(
             target.data_ptr(), r, v, rows, drafts.data_ptr(), b, k, counts, q, qrows, temps,
@@ -170,7 +173,8 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
         return tokens, accepted, emitted, out_counts, error == 0
     target = host_array(target, np.float32).reshape(-1, v)
     record = options_record(is_logits=is_logits, **options)
-    error = run_split(kernels.decide, b, threads_for(b * k * v, b),
+    kernel = numba_block.decide_block if block else kernels.decide
+    error = run_split(kernel, b, threads_for(b * k * v, b),
                       (target, rows, host_array(drafts, np.int64), counts, q, qrows, temps,
                        uniforms, seeds, offsets, bonus, record),
                       (tokens, accepted, emitted, out_counts))
@@ -231,7 +235,8 @@ class NumbaBackend(Backend):
     description = "one numba-compiled CPU kernel per call (the fast CPU path)"
     devices = ("cpu",)
     traits = BackendTraits(checks_what_it_reads=True, host_calls=True, supports_trees=True,
-                           checks_tree_reads=True)
+                           checks_tree_reads=True,
+                           sampled_methods=("rejection", "typical", "block"))
 
     def availability(self) -> Availability:
         return _AVAILABILITY  # asked on every automatic selection: computed once
@@ -267,7 +272,8 @@ class NumbaBackend(Backend):
                 if call.draft_rows is not None:
                     kwargs["qrows"] = call.draft_rows
             out = decide_arrays(call.target, call.is_logits, call.drafts, counts=counts,
-                                bonus=bonus, all_greedy=all_greedy, check=check, **kwargs)
+                                bonus=bonus, all_greedy=all_greedy, check=check,
+                                block=options.sampled_method == "block", **kwargs)
         if not out[4]:
             raise ReadValueError("a value the decision reads is invalid")
         return out[:4]
@@ -293,7 +299,7 @@ class NumbaBackend(Backend):
                    else host_array(inputs.draft_rows, np.int64)),
             temps=host_array(inputs.temperature, np.float32),
             all_greedy=inputs.all_greedy,
-            typical=inputs.sampled_method == "typical",
+            typical=inputs.sampled_method == "typical", block=inputs.sampled_method == "block",
             eps=inputs.options.typical.eps, alpha=inputs.options.typical.alpha,
             uniforms=(EMPTY_F32_2 if inputs.uniforms is None
                       else host_array(inputs.uniforms, np.float32)),

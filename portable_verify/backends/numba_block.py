@@ -1,0 +1,278 @@
+"""Block verification (docs/semantics.md, *Block verification*) as one compiled CPU kernel.
+
+Each request is ``numpy_ref.block_one``'s twin: the chain ``P_j`` from ``p_j(x_j)`` and
+``q_j(x_j)`` (from logits every row's maximum and normaliser, on a pass that stores nothing),
+a backward scan that computes ``Z_j`` only where ``u_j <= P_j`` (from logits the row's
+exponentials recomputed: in this kernel that costs no more than keeping ``K`` rows of them),
+and one draw. The residual ``Z_j`` is computed on is the row the draw reads when the scan
+stops there, so it is drawn from where it lies.
+
+:func:`decide_block` has :func:`numba_kernels.decide`'s signature, so ``numba_cpu`` runs it
+over request ranges on the same worker threads (bit-identical at any thread count). Counts,
+greedy rows, uniforms, the caller's bonus and the ``O(K)`` checks are the rejection kernel's
+own helpers. Under ``options.check`` every target row ``j <= n`` and draft row ``j < n`` of
+every request is checked, as ``validate="full"`` does: the rows the scan reads depend on the
+uniforms (docs/semantics.md, *Validation*).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from portable_verify.backends.numba_kernels import (
+    DRAW_COUNTER,
+    ERROR_NONE,
+    TEMP_HIGH,
+    TEMP_LOW,
+    _bad_logit_max,
+    _bad_request,
+    _count,
+    _draft_row,
+    _emit,
+    _flag,
+    _greedy_request,
+    _key_of,
+    _not_a_distribution,
+    _target_row,
+    _u,
+    draw,
+)
+from portable_verify.backends.numba_math import (
+    JIT,
+    _add_reassoc,
+    _exp32,
+    _exp_row,
+    exp_sum,
+    row_max,
+)
+
+_PART = 512  # residual sums: float32 partial sums per part (16 lanes), float64 across parts
+_ONE = np.float32(1.0)
+_ZERO = np.float32(0.0)
+
+
+@numba.njit(**JIT)
+def _residual_part(p, s, scale, q, x, out):
+    """``out = max(scale * (p / s) - q, 0)`` over one part (``q`` one-hot at ``x`` when empty),
+    float32 ops in the reference's order (no contraction; ``p / 1`` is ``p``, so probabilities
+    skip the division); returns the part's float32 sum."""
+    total = _ZERO
+    divide = s != _ONE
+    if q.shape[0] == 0:
+        for j in range(p.shape[0]):
+            d = scale * (p[j] / s if divide else p[j]) - (_ONE if j == x else _ZERO)
+            d = d if d > _ZERO else _ZERO
+            out[j] = d
+            total = _add_reassoc(total, d)
+    else:
+        for j in range(p.shape[0]):
+            d = scale * (p[j] / s if divide else p[j]) - q[j]
+            d = d if d > _ZERO else _ZERO
+            out[j] = d
+            total = _add_reassoc(total, d)
+    return total
+
+
+@numba.njit(**JIT, fastmath={"contract"})
+def _exp_sum_part(row, m, t):
+    """float32 sum of ``exp((row - m) / t)`` over one part, nothing stored: ``P_j`` needs only
+    each row's normaliser, and a pass that writes the row costs ~a third more."""
+    total = _ZERO
+    for j in range(row.shape[0]):
+        total = _add_reassoc(total, _exp32((row[j] - m) / t))
+    return total
+
+
+@numba.njit(**JIT, fastmath={"contract"})
+def _normaliser(row, t, x):
+    """``(max, sum, e_x)`` of a logits row in one read of it: part by part, the running max
+    (a part's own max first, while it is in L1) and the float64 sum of ``exp((row - max) / t)``,
+    rescaled when the max grows; ``e_x`` the exponential at ``x``. Equal to the reference's
+    normaliser within float rounding (docs/semantics.md); a separate max pass re-reads the row
+    from memory, which cost ~30% of block's chain from logits."""
+    size = row.shape[0]
+    top = np.float32(-np.inf)
+    total = 0.0
+    for b0 in range(0, size, _PART):
+        part = row[b0:min(size, b0 + _PART)]
+        m = max(top, row_max(part)[0])
+        if m > top:  # the first part, or a larger max: earlier terms shrink by exp(delta / t)
+            total *= math.exp((np.float64(top) - np.float64(m)) / np.float64(t))
+            top = m
+        if top > -np.inf:  # rows of -inf so far contribute nothing (and -inf - -inf is NaN)
+            total += np.float64(_exp_sum_part(part, top, t))
+    return top, total, _exp32((row[x] - top) / t)
+
+
+@numba.njit(inline="always", **JIT)
+def _residual(target, rows, drafts, q, qrows, is_logits, i, j, scale, tf, maxes, sums, scratch,
+              out):
+    """``max(scale * p_j - q_j, 0)`` of request ``i`` into ``out``; its float64 total (``Z``).
+    From logits row ``j``'s exponentials are recomputed into ``scratch`` (left there)."""
+    k = drafts.shape[1]
+    p = target[_target_row(rows, i, j, k, target.shape[0])]
+    s = _ONE
+    if is_logits:
+        _exp_row(p, maxes[j], tf, scratch)
+        p, s = scratch, np.float32(sums[j])
+    qrow = out[:0] if q.shape[0] == 0 else q[_draft_row(qrows, i, j, k, q.shape[0])]
+    x = drafts[i, j]
+    size = p.shape[0]
+    total = 0.0
+    for b0 in range(0, size, _PART):  # views, not offsets: an offset loop does not vectorise
+        b1 = min(size, b0 + _PART)
+        part_q = qrow if qrow.shape[0] == 0 else qrow[b0:b1]
+        total += np.float64(_residual_part(p[b0:b1], s, scale, part_q, x - b0, out[b0:b1]))
+    return total
+
+
+@numba.njit(**JIT)
+def _chain(target, rows, drafts, q, qrows, is_logits, i, n, tf, maxes, sums, chain, scratch):
+    """``chain[j] = P_j`` for ``j < n`` (float32, as the reference); from logits also each
+    row's maximum and the float64 sum of its exponentials (``maxes[j]``, ``sums[j]``)."""
+    k = drafts.shape[1]
+    v_size = target.shape[1]
+    prev = _ONE
+    for j in range(n):
+        row = target[_target_row(rows, i, j, k, target.shape[0])]
+        x = drafts[i, j]
+        in_vocab = x >= 0 and x < v_size
+        xc = min(max(x, 0), v_size - 1)
+        if is_logits:
+            maxes[j], sums[j], e_x = _normaliser(row, tf, xc)
+            px = _ZERO
+            if sums[j] > 0:
+                px = e_x / np.float32(sums[j])
+            else:  # a row of only -inf or NaN (validate=False): p(x) = 0, no zero division later
+                sums[j] = np.nan
+        else:
+            px = row[xc]
+        qx = _ONE if q.shape[0] == 0 else q[_draft_row(qrows, i, j, k, q.shape[0]), xc]
+        px = px if in_vocab else _ZERO
+        qx = qx if in_vocab else _ZERO
+        if prev == _ZERO or px == _ZERO:
+            prev = _ZERO
+        elif qx == _ZERO:
+            prev = _ONE
+        else:
+            prev = min(prev * px / qx, _ONE)
+        chain[j] = prev
+
+
+@numba.njit(**JIT)
+def _scan(target, rows, drafts, q, qrows, explicit_u, is_logits, i, n, key, tf, maxes, sums,
+          chain, scratch, out):
+    """The backward scan: ``a``. Where it stops at ``j < n-1`` the residual of row ``a = j+1``
+    (``Z_j``'s terms) is left in ``out``."""
+    for j in range(n - 1, -1, -1):
+        u = np.float32(_u(explicit_u, key, i, j, 2 * j))
+        if u > chain[j]:
+            continue  # h_j <= P_j: no row read
+        if j == n - 1:  # h_{n-1} = P_{n-1}
+            return n
+        z = _residual(target, rows, drafts, q, qrows, is_logits, i, j + 1, chain[j], tf, maxes,
+                      sums, scratch, out)
+        p_j = np.float64(chain[j])
+        h = z / (z + (1.0 - p_j)) if z > 0 else 0.0
+        if np.float64(u) <= h:
+            return j + 1
+    return 0
+
+
+@numba.njit(inline="always", **JIT)
+def _bad_rows(target, rows, q, qrows, o, i, n, k):
+    """``validate="full"``'s row checks of request ``i``: target rows ``j <= n``, draft rows
+    ``j < n``."""
+    bad = False
+    for j in range(n + 1):
+        row = target[_target_row(rows, i, j, k, target.shape[0])]
+        if o.is_logits:
+            m, has_nan = row_max(row)
+            bad = bad or _bad_logit_max(m, has_nan)
+        else:
+            bad = bad or _not_a_distribution(row, o.atol)
+        if j < n and q.shape[0] > 0:
+            bad = bad or _not_a_distribution(q[_draft_row(qrows, i, j, k, q.shape[0])], o.q_atol)
+    return bad
+
+
+@numba.njit(inline="always", **JIT)
+def _block_token(target, rows, drafts, q, qrows, o, i, a, n, tf, v, maxes, sums, scratch, out):
+    """The draw after ``a`` accepted drafts: from ``p_n`` when ``a = n``, else from the residual
+    ``max(P_{a-1} p_a - q_a, 0)`` (already in ``out`` for ``a > 0``), ``p_a`` when empty."""
+    k = drafts.shape[1]
+    if a == n:
+        row = target[_target_row(rows, i, n, k, target.shape[0])]
+        if o.is_logits:
+            exp_sum(row, row_max(row)[0], tf, scratch)
+            row = scratch
+        return draw(row, v)[0]
+    if a == 0:
+        _residual(target, rows, drafts, q, qrows, o.is_logits, i, 0, _ONE, tf, maxes, sums,
+                  scratch, out)
+    token, total = draw(out, v)
+    if total > 0:
+        return token
+    # Empty: from p_a (from logits its exponentials, left in scratch by the residual's pass).
+    p = scratch if o.is_logits else target[_target_row(rows, i, a, k, target.shape[0])]
+    return draw(p, v)[0]
+
+
+@numba.njit(**JIT)
+def _block_one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets, bonus,
+               options, i, maxes, sums, chain, scratch, out, out_tokens, out_accepted,
+               out_emitted, out_counts):
+    """Request ``i`` from its count to its emission; returns its flag."""
+    o = options[0]
+    k = drafts.shape[1]
+    v_size = target.shape[1]
+    n, n_raw, out_counts[i], bad = _count(counts, drafts, i, o.check)
+    t = o.temp_scalar if temps.shape[0] == 0 else np.float64(temps[i])
+    error = _flag(ERROR_NONE, o.check and (
+        bad or _bad_request(drafts, bonus, explicit_u, i, n, t, v_size, o.is_logits)
+        or _bad_rows(target, rows, q, qrows, o, i, n, k)))
+    caller_bonus = bonus.shape[0] > 0
+    if o.all_greedy or t == 0:
+        accepted, final, _ = _greedy_request(target, rows, drafts, i, n, o.is_logits, False)
+    else:
+        tf = np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
+        key = _key_of(o, seeds, offsets, explicit_u, i)
+        _chain(target, rows, drafts, q, qrows, o.is_logits, i, n, tf, maxes, sums, chain,
+               scratch)
+        accepted = _scan(target, rows, drafts, q, qrows, explicit_u, o.is_logits, i, n, key, tf,
+                         maxes, sums, chain, scratch, out)
+        final = 0
+        if not (caller_bonus and accepted == n_raw):  # else the caller's draw replaces ours
+            v = _u(explicit_u, key, i, k, DRAW_COUNTER)
+            final = _block_token(target, rows, drafts, q, qrows, o, i, accepted, n, tf, v, maxes,
+                                 sums, scratch, out)
+    if caller_bonus and accepted == n_raw:
+        final = bonus[i]
+    out_accepted[i] = accepted
+    out_emitted[i] = accepted + 1
+    _emit(out_tokens, drafts, i, accepted, final)
+    return error
+
+
+@numba.njit(**JIT)
+def decide_block(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets,
+                 bonus, options, lo, hi, out_tokens, out_accepted, out_emitted, out_counts):
+    """:func:`numba_kernels.decide` for ``method="block"``: requests ``lo .. hi-1``; returns
+    ``ERROR_VALUE`` when ``options.check`` is set and a row or value is invalid."""
+    k = drafts.shape[1]
+    v_size = target.shape[1]
+    maxes = np.empty(k, dtype=np.float32)
+    sums = np.empty(k, dtype=np.float64)
+    chain = np.empty(k, dtype=np.float32)
+    scratch = np.empty(v_size, dtype=np.float32)
+    out = np.empty(v_size, dtype=np.float32)
+    error = ERROR_NONE
+    for i in range(lo, hi):
+        error = max(error, _block_one(target, rows, drafts, counts, q, qrows, temps, explicit_u,
+                                      seeds, offsets, bonus, options, i, maxes, sums, chain,
+                                      scratch, out, out_tokens, out_accepted, out_emitted,
+                                      out_counts))
+    return error
