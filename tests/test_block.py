@@ -4,12 +4,16 @@ are conformance checks (``stat.block_*``, ``exact.block``, tests/test_conformanc
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 import torch
 
 import portable_verify as pv
 from portable_verify import dispatch
+from portable_verify.backends.torch_eager import TorchBackend
 from portable_verify.testing.checks.block_verification import block_acceptance
 from portable_verify.testing.stats.negative_controls import controls_registered
 
@@ -78,18 +82,34 @@ def test_minus_one_drafts_act_as_shorter_counts(backend: str) -> None:
     assert torch.equal(torch.as_tensor(with_cut.token_ids), torch.as_tensor(shorter.token_ids))
 
 
-def test_auto_takes_a_backend_with_block_and_an_explicit_one_without_is_refused() -> None:
-    assert "block" in dispatch.select_backend("auto", "cpu", "block").traits.sampled_methods
-    numba = pv.get_backend("numba")
-    if "block" in numba.traits.sampled_methods:
-        pytest.skip("numba implements block now")
+class _TorchWithoutBlock(TorchBackend):
+    """A test double: the torch backend declaring no block rule (every real backend has one)."""
+
+    name = "noblock"
+    traits = dataclasses.replace(TorchBackend.traits, sampled_methods=("rejection", "typical"))
+
+
+@pytest.fixture
+def backend_without_block(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    dispatch.register_backend("noblock", _TorchWithoutBlock)
+    monkeypatch.setitem(dispatch.AUTO_PREFERENCE, "cpu", ("noblock:cpu", "torch:cpu"))
+    yield "noblock"
+    dispatch.unregister_backend("noblock")
+
+
+def test_auto_takes_a_backend_with_block_and_an_explicit_one_without_is_refused(
+        backend_without_block: str) -> None:
+    # auto skips the first preference (it has no block) for the next one that has it ...
+    assert dispatch.select_backend("auto", "cpu", "block").name == "torch"
+    assert dispatch.select_backend("auto", "cpu", "rejection").name == "noblock"
     auto = pv.verify(X, target_probs=P, draft_probs=Q, method="block", seed=2)
     ref = pv.verify(X, target_probs=P, draft_probs=Q, method="block", seed=2, backend="numpy")
     assert torch.equal(auto.token_ids, ref.token_ids)
-    with pytest.raises(ValueError, match=r"method='block'.*numba"):
-        pv.verify(X, target_probs=P, draft_probs=Q, method="block", backend="numba")
+    # ... and an explicit backend without it is refused by name.
+    with pytest.raises(ValueError, match=r"method='block'.*noblock"):
+        pv.verify(X, target_probs=P, draft_probs=Q, method="block", backend="noblock")
     # Greedy calls never need the method: any backend takes them.
-    pv.verify(X, target_probs=P, method="block", temperature=0.0, backend="numba")
+    pv.verify(X, target_probs=P, method="block", temperature=0.0, backend="noblock")
 
 
 def test_numpy_inputs_through_the_lean_path_are_decided_by_block() -> None:
