@@ -211,8 +211,7 @@ def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:
     if u is not None:
         arrays["uniforms"] = np.ascontiguousarray(u, np.float32)
         arrays["temperature"] = np.ascontiguousarray(inputs.temperature, np.float32)
-        arrays["typical_eps"] = np.array(inputs.options.typical.eps, np.float32)
-        arrays["typical_alpha"] = np.array(inputs.options.typical.alpha, np.float32)
+        arrays["typical"] = np.array(inputs.options.typical.kernel_scalars(), np.float32)
     if q is not None:
         arrays["draft_probs"] = np.ascontiguousarray(q, np.float32)
         arrays["draft_rows"] = np.ascontiguousarray(inputs.draft_rows, np.int64)

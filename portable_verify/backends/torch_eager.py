@@ -576,8 +576,7 @@ def _sampled(ops: ArrayOps, inputs: VerifyInputs, x: Array, valid: Array, n: Arr
                    .reshape(b, k) if typical else None)
 
     if typical:
-        alpha, eps = inputs.options.typical.alpha, inputs.options.typical.eps
-        accept = px > ops.clip(xp.exp(-entropy) * alpha, high=eps)
+        accept = px > inputs.options.typical.threshold(entropy, xp)
     else:
         accept = px > 0
         if inputs.draft_probs is not None:

@@ -205,8 +205,7 @@ class FirstTests:
                               scratch=2)[0]
         if entropy is None:
             return m, s, None
-        return m, s, ops.clip(ops.xp.exp(-entropy) * inputs.typical.alpha,
-                              high=inputs.typical.eps)
+        return m, s, inputs.typical.threshold(entropy, ops.xp)
 
     def enter(self, mask: Array, node: Array) -> None:
         """The requests of ``mask`` moved to ``node``: their row's statistics (host only)."""

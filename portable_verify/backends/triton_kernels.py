@@ -457,7 +457,7 @@ def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
         argmax, stats[0], stats[1], stats[2],
         tokens, accepted,
         v, k, target.shape[0], q.shape[0] if q is not None else 1,
-        float(inputs.options.typical.eps), float(inputs.options.typical.alpha),
+        *inputs.options.typical.kernel_scalars(),
         IS_LOGITS=inputs.target_is_logits, HAS_Q=q is not None,
         HAS_U=inputs.uniforms is not None, HAS_GREEDY=has_greedy, TYPICAL=typical,
         BLOCK_VERIFY=block, BLOCK=_block(v, 1024 if interpreted_kernels else 2048),

@@ -7,6 +7,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from portable_verify.core.metrics import compute_metrics
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -41,6 +43,25 @@ class TypicalParams:
             if not (math.isfinite(float(value)) and float(value) >= 0):
                 raise ValueError(f"{argument} must be finite and >= 0, got {value!r}")
             object.__setattr__(self, field_name, float(value))
+
+    def threshold(self, entropy: Any, xp: Any = np) -> Any:
+        """``min(eps, alpha * exp(-entropy))`` elementwise, for numpy (``xp=np``: arrays or
+        scalars) or torch (``xp=torch``) entropies, in their dtype.
+
+        Why here: the rule is written once per array family, so a backend asks the value for
+        its threshold instead of reading its fields (a new option changes this method only).
+        """
+        scaled = xp.exp(-entropy) * self.alpha
+        return np.minimum(scaled, self.eps) if xp is np else scaled.clamp(max=self.eps)
+
+    def kernel_scalars(self) -> tuple[float, float]:
+        """``(eps, alpha)``: the order in which compiled kernels take the parameters (numba's
+        options record, Triton's scalar arguments, OpenVINO's ``typical`` graph input), whose
+        own code then applies :meth:`threshold`'s rule."""
+        return self.eps, self.alpha
+
+    def __str__(self) -> str:
+        return f"eps={self.eps:g} alpha={self.alpha:g}"
 
 
 DEFAULT_TYPICAL = TypicalParams()
