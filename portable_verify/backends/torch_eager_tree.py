@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.backends.torch_eager import (
+from portable_verify.backends.torch_draw import _draw
+from portable_verify.backends.torch_eager import TorchBackend
+from portable_verify.backends.torch_ops import (
     ArrayOps,
-    TorchBackend,
-    _draw,
     _logits_sums,
     _probs_entropy,
     _temperatures,
