@@ -95,6 +95,19 @@ class VerifyOptions:
 DEFAULT_OPTIONS = VerifyOptions()
 
 
+def options_alone(options: Any, method: Any, typical_eps: Any, typical_alpha: Any,
+                  default_method: str = "auto") -> VerifyOptions:
+    """``options``, checked to be a :class:`VerifyOptions` given without the keywords it
+    stands for (a caller passing both would have one of them silently ignored)."""
+    if not isinstance(options, VerifyOptions):
+        raise TypeError(f"options must be a VerifyOptions, got {type(options).__name__}")
+    if (method != default_method or typical_eps is not DEFAULT_TYPICAL.eps
+            or typical_alpha is not DEFAULT_TYPICAL.alpha):
+        raise ValueError("give the method and typical parameters either as options= or as "
+                         "method= / typical_eps= / typical_alpha=, not both")
+    return options
+
+
 @dataclass(frozen=True)
 class VerifyInputs:
     """Validated, canonical inputs handed to a backend (torch tensors, or numpy via :meth:`numpy`).
