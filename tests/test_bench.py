@@ -374,4 +374,6 @@ def test_gpu_check_refuses_without_a_gpu_and_rehearses_on_cpu(tmp_path: Path,
     assert rc == 0 and all(data["summary"].values()), data["summary"]
     assert data["verdict"]["small_v_exact"] is True
     assert data["verdict"]["bench_cells"] > 0  # the bench grid itself ran on the device
+    assert data["verdict"]["tree_small_v_exact"] is True  # the Triton tree kernel, interpreted
+    assert data["verdict"]["tree_speed_cells"] > 0
     assert json.loads((tmp_path / "copy.json").read_text())["verdict"] == data["verdict"]

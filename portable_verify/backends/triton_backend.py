@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from portable_verify.backends.base import Availability, Backend, BackendTraits
+from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyInputs
 
 IPEX_MODULE = "intel_extension_for_pytorch"
@@ -118,8 +119,8 @@ class TritonBackend(Backend):
         methods = ("rejection", "typical", "block")
         if self.device == INTERPRETER:  # tens of ms per request: quick sizes, no statistics
             return BackendTraits(statistical_sizes=False, full_conformance_sizes=False,
-                                 sampled_methods=methods)
-        return BackendTraits(sampled_methods=methods)
+                                 sampled_methods=methods, supports_trees=True)
+        return BackendTraits(sampled_methods=methods, supports_trees=True)
 
     def torch_device_type(self) -> str:
         return "cpu" if self.device == INTERPRETER else str(self.device)
@@ -137,3 +138,12 @@ class TritonBackend(Backend):
         from portable_verify.backends.triton_kernels import verify_triton
 
         return verify_triton(inputs)
+
+    def run_tree(self, inputs: TreeInputs) -> tuple[Any, Any, Any]:
+        if self.device == INTERPRETER:
+            from portable_verify.backends.triton_interpreter import verify_tree_interpreted
+
+            return verify_tree_interpreted(inputs)
+        from portable_verify.backends.triton_tree import verify_tree_triton
+
+        return verify_tree_triton(inputs)

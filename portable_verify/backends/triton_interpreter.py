@@ -23,9 +23,10 @@ from typing import Any
 import triton.language as tl
 
 KERNEL_MODULE = "portable_verify.backends.triton_kernels"
+TREE_MODULE = "portable_verify.backends.triton_tree"
 
-_COPY_LOCK = threading.Lock()
-_COPY: ModuleType | None = None
+_COPY_LOCK = threading.RLock()  # a tree kernel copy imports the chain kernels' copy
+_COPIES: dict[str, ModuleType] = {}
 _LAUNCH_LOCK = threading.Lock()
 _STDLIB_SWAPS: dict[int, object] = {}
 
@@ -83,20 +84,25 @@ def _interpreted_stdlib() -> Iterator[None]:
 
 def interpreted_kernels() -> ModuleType:
     """A private copy of the kernel module whose kernels run in Triton's interpreter."""
-    global _COPY
+    return interpreted_copy(KERNEL_MODULE)
+
+
+def interpreted_copy(module_name: str) -> ModuleType:
+    """A private copy of ``module_name`` (a kernel module) executed with ``_INTERPRET = True``:
+    its kernels run in Triton's interpreter. One copy per module, made once."""
     with _COPY_LOCK:
-        if _COPY is None:
-            spec = importlib.util.find_spec(KERNEL_MODULE)
+        if module_name not in _COPIES:
+            spec = importlib.util.find_spec(module_name)
             assert spec is not None and spec.origin is not None
-            name = f"{KERNEL_MODULE}_interpreted"
+            name = f"{module_name}_interpreted"
             copy_spec = importlib.util.spec_from_file_location(name, spec.origin)
             assert copy_spec is not None and copy_spec.loader is not None
             module = importlib.util.module_from_spec(copy_spec)
             module.__dict__["_INTERPRET"] = True
             sys.modules[name] = module  # the interpreter reads the kernels' source via inspect
             copy_spec.loader.exec_module(module)
-            _COPY = module
-    return _COPY
+            _COPIES[module_name] = module
+    return _COPIES[module_name]
 
 
 def verify_interpreted(inputs: Any) -> tuple[Any, Any]:
@@ -105,3 +111,10 @@ def verify_interpreted(inputs: Any) -> tuple[Any, Any]:
     module = interpreted_kernels()
     with _LAUNCH_LOCK, _interpreted_stdlib():
         return module.verify_triton(inputs)
+
+
+def verify_tree_interpreted(inputs: Any) -> tuple[Any, Any, Any]:
+    """The tree kernel's decision for CPU tensors, computed by Triton's interpreter."""
+    module = interpreted_copy(TREE_MODULE)
+    with _LAUNCH_LOCK, _interpreted_stdlib():
+        return module.verify_tree_triton(inputs)

@@ -93,6 +93,43 @@ def _p_chunk(base, offs, V, t, m, s, IS_LOGITS: tl.constexpr):
     return tl.where(valid, p, 0.0)
 
 
+@_device
+def _row_stats(base, t_safe, V, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.constexpr,
+               NEED_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
+    """One pass over a target row: ``(first argmax, max logit, sum of exp((l - max) / T),
+    entropy)``; each only when asked (the tree kernel reuses it, so chains round alike)."""
+    lane = tl.arange(0, BLOCK)
+    best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
+    best_idx = tl.min(tl.zeros([BLOCK], tl.int32), 0)
+    m = best
+    s = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
+    w = s  # sum of e * (z - max z) (logits) or -sum p log p (probs)
+    for start in range(0, V, BLOCK):
+        offs = start + lane
+        valid = offs < V
+        x = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32)
+        if NEED_ARGMAX:
+            best, best_idx = _chunk_first_argmax(x, offs, best, best_idx, V)
+        if NEED_SOFTMAX:  # online softmax; m is the running raw max logit
+            m_new = tl.maximum(m, tl.max(x, 0))
+            seen = m > float("-inf")
+            zc = (x - m_new) / t_safe  # z - max z, in [-inf, 0] (see _p_chunk)
+            e = tl.where(x > float("-inf"), tl.exp(zc), 0.0)
+            dz = (tl.where(seen, m, m_new) - m_new) / t_safe  # old max in new units
+            scale = tl.where(seen, tl.exp(dz), 0.0)
+            if NEED_ENTROPY:  # e == 0 terms are 0 (their zc may be -inf or NaN)
+                kept = tl.where(scale > 0, scale * (w + dz * s), 0.0)
+                w = kept + tl.sum(e * tl.where(e > 0, zc, 0.0), 0)
+            s = s * scale + tl.sum(e, 0)
+            m = m_new
+        elif NEED_ENTROPY:
+            px = tl.where(valid & (x > 0), x, 1.0)  # 1 log 1 = 0 stands in for 0 log 0
+            w += tl.sum(-px * tl.log(px), 0)
+    if NEED_SOFTMAX:
+        w = tl.log(s) - w / s
+    return best_idx, m, s, w
+
+
 @_kernel
 def _row_stats_kernel(
     target_ptr, target_stride, rows_ptr, counts_ptr, temp_ptr,
@@ -108,43 +145,16 @@ def _row_stats_kernel(
         row = _clamped(tl.load(rows_ptr + b * K1 + j), R)
         base = target_ptr + row * target_stride
         t_safe = _safe_temperature(tl.load(temp_ptr + b))
-        lane = tl.arange(0, BLOCK)
-        best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
-        best_idx = tl.min(tl.zeros([BLOCK], tl.int32), 0)
-        m = best
-        s = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
-        w = s  # sum of e * (z - max z) (logits) or -sum p log p (probs)
-        for start in range(0, V, BLOCK):
-            offs = start + lane
-            valid = offs < V
-            x = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32)
-            if NEED_ARGMAX:
-                best, best_idx = _chunk_first_argmax(x, offs, best, best_idx, V)
-            if NEED_SOFTMAX:  # online softmax; m is the running raw max logit
-                m_new = tl.maximum(m, tl.max(x, 0))
-                seen = m > float("-inf")
-                zc = (x - m_new) / t_safe  # z - max z, in [-inf, 0] (see _p_chunk)
-                e = tl.where(x > float("-inf"), tl.exp(zc), 0.0)
-                dz = (tl.where(seen, m, m_new) - m_new) / t_safe  # old max in new units
-                scale = tl.where(seen, tl.exp(dz), 0.0)
-                if NEED_ENTROPY:  # e == 0 terms are 0 (their zc may be -inf or NaN)
-                    kept = tl.where(scale > 0, scale * (w + dz * s), 0.0)
-                    w = kept + tl.sum(e * tl.where(e > 0, zc, 0.0), 0)
-                s = s * scale + tl.sum(e, 0)
-                m = m_new
-            elif NEED_ENTROPY:
-                px = tl.where(valid & (x > 0), x, 1.0)  # 1 log 1 = 0 stands in for 0 log 0
-                w += tl.sum(-px * tl.log(px), 0)
+        best_idx, m, s, ent = _row_stats(base, t_safe, V, NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY,
+                                         BLOCK)
         out = b * K1 + j
         if NEED_ARGMAX:
             tl.store(argmax_ptr + out, best_idx)
         if NEED_SOFTMAX:
             tl.store(max_ptr + out, m)
             tl.store(sum_ptr + out, s)
-            if NEED_ENTROPY:
-                tl.store(ent_ptr + out, tl.log(s) - w / s)
-        elif NEED_ENTROPY:
-            tl.store(ent_ptr + out, w)
+        if NEED_ENTROPY:
+            tl.store(ent_ptr + out, ent)
 
 
 @_device

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 import portable_verify as pv
-from portable_verify.bench import environment
+from portable_verify.bench import environment, gpu_check_tree
 from portable_verify.bench.cases import FULL_SHAPES, VARIANTS, make_inputs
 from portable_verify.bench.run import BenchConfig
 from portable_verify.bench.run import run as run_bench
@@ -221,14 +221,15 @@ def _subprocess(check: GpuCheck, name: str, cmd: list[str], limit: float) -> dic
 
 
 def pytest_section(check: GpuCheck, tests: Path) -> dict[str, Any]:
-    """``tests/test_triton.py`` on the device, when the repository's tests are at hand."""
-    target = tests / "test_triton.py"
-    if not target.exists():
-        return {"skipped": f"{target} not found (run from the repository root)"}
-    cmd = [sys.executable, "-m", "pytest", str(target), "-q", "-p", "no:cacheprovider", "-x",
-           "--tb=short"]
+    """``tests/test_triton.py`` and ``tests/test_triton_tree.py`` on the device, when the
+    repository's tests are at hand."""
+    targets = [tests / "test_triton.py", tests / "test_triton_tree.py"]
+    if not all(t.exists() for t in targets):
+        return {"skipped": f"{targets} not found (run from the repository root)"}
+    cmd = [sys.executable, "-m", "pytest", *map(str, targets), "-q", "-p", "no:cacheprovider",
+           "-x", "--tb=short"]
     if check.dry_run:
-        cmd += ["-k", "ties or degenerate"]
+        cmd += ["-k", "ties or degenerate or edge_rules"]
     return _subprocess(check, "pytest_test_triton", cmd, min(150.0, check.left() - 20))
 
 
@@ -263,6 +264,9 @@ def verdict(sections: dict[str, Any]) -> dict[str, Any]:
         "graph_replay_ok": None if not isinstance(graph, dict) else all(
             v is True for v in graph.values()),
         "bench_cells": len(cells),
+        "tree_small_v_exact": get("tree_exactness", "small_v_all_exact"),
+        "tree_accepted_counts_equal": get("tree_exactness", "all_accepted_counts_equal"),
+        "tree_speed_cells": len(get("tree_speed", "cells") or []),
         "pytest_returncode": get("pytest_test_triton", "returncode"),
         "conformance_failed": None if checks is None else [
             f"{c['backend']} {c['check']}" for c in checks if c["status"] == "FAIL"],
@@ -275,6 +279,8 @@ def run_gpu_check(check: GpuCheck, say: Callable[[str], None],
     check.section("environment", environment_section, say)
     check.section("exactness", lambda: exactness(check), say)
     check.section("cuda_graph", lambda: graph_check(check), say)
+    check.section("tree_exactness", lambda: gpu_check_tree.tree_exactness(check, SMALL_VOCAB), say)
+    check.section("tree_speed", lambda: gpu_check_tree.tree_speed(check), say)
     check.section("benchmark", lambda: benchmark(check), say)
     check.section("pytest_test_triton", lambda: pytest_section(check, tests), say)
     check.section("conformance_quick", lambda: conformance_section(check), say)
