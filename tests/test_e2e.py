@@ -29,12 +29,6 @@ VOCAB = 64
 
 
 @pytest.fixture(scope="module")
-def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
-    target = tiny_llama(0)
-    return target, perturbed(target, 0.3, 1)
-
-
-@pytest.fixture(scope="module")
 def ragged_prompt() -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(2)
     ids = torch.randint(3, VOCAB, (3, 9), generator=g)

@@ -15,19 +15,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from helpers import perturbed, tiny_llama  # noqa: E402
 
 from portable_verify.e2e import tree_loop  # noqa: E402
 from portable_verify.e2e.tree_loop import TreeShape, tree_generate  # noqa: E402
 from portable_verify.integrations import hf, models  # noqa: E402
 
 VOCAB = 64
-
-
-@pytest.fixture(scope="module")
-def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
-    target = tiny_llama(0)
-    return target, perturbed(target, 0.3, 1)
 
 
 def _prompt(seed: int) -> torch.Tensor:
