@@ -15,7 +15,7 @@ from portable_verify.testing.stats.negative_controls import controls_registered
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-BLOCK_BACKENDS = ["numpy", "torch"]
+BLOCK_BACKENDS = ["numpy", "torch", "openvino"]
 
 # V = 2, K = 2. p_0 = (1/2, 1/2), q_0 = (1, 0); p_1 = (1/2, 1/2), q_1 = (1/4, 3/4).
 # Drafts x = (0, 1): P_0 = 1/2, P_1 = min(1/2 * (1/2) / (3/4), 1) = 1/3.

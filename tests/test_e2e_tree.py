@@ -49,15 +49,33 @@ def test_tree_greedy_equals_target_only_greedy(pair, spec):
         assert scattered > 0
 
 
-def test_a_one_wide_tree_accepts_what_the_chain_accepts(pair):
-    """Width 1 is the chain of the draft's argmaxes: same acceptance as ``k = depth``."""
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_a_one_wide_tree_is_the_chain(pair, temperature):
+    """Width 1 is the chain's own spine (argmaxes, or the chain's draws from the same streams):
+    same acceptance and same tokens as ``k = depth``, greedy and sampled."""
     target, draft = pair
+    method = "greedy" if temperature == 0 else "rejection"
     for seed in range(3):
         ids = _prompt(seed)
-        tree = tree_generate(target, draft, ids, max_new_tokens=30, shape=TreeShape(1, 3, 3))
-        chain = hf.speculative_generate(target, draft, ids, max_new_tokens=30, k=3)
+        tree = tree_generate(target, draft, ids, max_new_tokens=30, shape=TreeShape(1, 3, 3),
+                             method=method, temperature=temperature or 1.0, seed=seed)
+        chain = hf.speculative_generate(target, draft, ids, max_new_tokens=30, k=3,
+                                        method=method, temperature=temperature, seed=seed)
         assert tree.metrics.accepted_per_position == chain.metrics.accepted_per_position
         assert tree.new_tokens == chain.new_tokens
+
+
+def test_a_sharp_ranking_keeps_the_chain(pair):
+    """With ``nodes == depth`` the chain is a candidate set; as the greedy ranking sharpens
+    (rank temperature -> 0) every sibling is worth ~0 and the tree is the chain."""
+    target, draft = pair
+    for seed in range(2):
+        ids = _prompt(seed)
+        tree = tree_generate(target, draft, ids, max_new_tokens=30, shape=TreeShape(3, 3, 3),
+                             rank_temperature=1e-3)
+        chain = hf.speculative_generate(target, draft, ids, max_new_tokens=30, k=3)
+        assert tree.metrics.accepted_per_position == chain.metrics.accepted_per_position
+        assert tree.metrics.scattered_steps == 0
 
 
 def test_keeping_a_cache_suffix_instead_of_the_gather_breaks_equality(pair, monkeypatch):
@@ -79,9 +97,15 @@ def test_keeping_a_cache_suffix_instead_of_the_gather_breaks_equality(pair, monk
     assert differ > 0
 
 
-def test_draft_trees_are_well_formed(pair):
+def _drafting(temperature: float, step: int = 0) -> tree_loop.Drafting:
+    return tree_loop.Drafting(temperature, torch.tensor([7]), step, 1.0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_draft_trees_are_well_formed(pair, temperature):
     """Parents precede children, depths follow parents, kept nodes are closed under ancestors,
-    distinct siblings, and only beam nodes of levels < depth hold a draft slot."""
+    distinct siblings, only spine nodes of levels < depth hold a draft slot (the draft is fed
+    the spine only), and at T > 0 each node's draft row is the one its children came from."""
     _, draft = pair
     step_model = hf.as_step_model(draft)
     for shape in (TreeShape(1, 4, 4), TreeShape(2, 3, 3), TreeShape(3, 4, 8), TreeShape(4, 2, 6)):
@@ -89,7 +113,8 @@ def test_draft_trees_are_well_formed(pair):
             cache = step_model.new_cache()
             ids = _prompt(shape.nodes)
             root_logits = step_model.logits(ids, cache, torch.arange(6)[None], None, True)
-            tree = tree_loop.draft_tree(step_model, cache, root_logits, ids[0, -1], 5, shape, 1.0)
+            tree = tree_loop.draft_tree(step_model, cache, root_logits, ids[0, -1], 5, shape,
+                                        _drafting(temperature))
         n = shape.nodes + 1
         parents, depths, slots = tree.parents[0], tree.depths, tree.draft_slots
         assert tree.tokens.shape == (1, n) and int(tree.tokens[0, 0]) == int(ids[0, -1])
@@ -103,15 +128,69 @@ def test_draft_trees_are_well_formed(pair):
         for p in set(parents[1:].tolist()):
             kids = tree.tokens[0, 1:][parents[1:] == p]
             assert kids.unique().numel() == kids.numel() <= shape.width
-        assert cache.get_seq_length() == 6 + (shape.depth - 1) * shape.width
+        assert cache.get_seq_length() == 6 + shape.depth - 1
+        if temperature:
+            probs = tree.draft_probs[0]
+            assert probs.shape == (n, VOCAB) and torch.allclose(probs.sum(-1), torch.ones(n))
+            assert torch.allclose(probs[0], torch.softmax(root_logits[0] / temperature, -1))
+            for i in range(1, n):  # a fed node's row: the draft after its path, at T
+                if int(slots[i]) < 0 or not bool((parents == i).any()):
+                    continue
+                path, j = [], i
+                while j > 0:
+                    path.append(int(tree.tokens[0, j]))
+                    j = int(parents[j])
+                full = torch.cat([ids[0], torch.tensor(path[::-1])])[None]
+                with torch.inference_mode():
+                    fresh = step_model.logits(full, step_model.new_cache(),
+                                              torch.arange(full.shape[1])[None], None, True)
+                want = torch.softmax(fresh[0].float() / temperature, -1)
+                assert torch.allclose(probs[i], want, atol=1e-5)
     first = tree_loop.draft_tree  # width 1: the argmax chain
     with torch.inference_mode():
         cache = step_model.new_cache()
         ids = _prompt(0)
         logits = step_model.logits(ids, cache, torch.arange(6)[None], None, True)
-        tree = first(step_model, cache, logits, ids[0, -1], 5, TreeShape(1, 3, 3), 1.0)
+        tree = first(step_model, cache, logits, ids[0, -1], 5, TreeShape(1, 3, 3), _drafting(0))
     assert tree.parents[0].tolist() == [-1, 0, 1, 2]
     assert int(tree.tokens[0, 1]) == int(logits.argmax())
+
+
+def test_sampled_trees_keep_nodes_whatever_the_siblings_drew(pair, monkeypatch):
+    """Exactness of children drawn without replacement needs the kept set to be chosen
+    without looking at the draws: redrawing the siblings (another random stream) must change
+    sibling tokens but not which positions are kept nor the spine. The negative control ranks
+    siblings by their own draft probability (EAGLE-2's rule) and must change the kept set."""
+    _, draft = pair
+    step_model = hf.as_step_model(draft)
+    shape = TreeShape(3, 4, 7)
+
+    def drafted(seed: int, offset: int) -> tree_loop.DraftTree:
+        monkeypatch.setattr(tree_loop, "SIBLING_OFFSET", offset)
+        with torch.inference_mode():
+            cache = step_model.new_cache()
+            ids = _prompt(seed)
+            logits = step_model.logits(ids, cache, torch.arange(6)[None], None, True)
+            return tree_loop.draft_tree(step_model, cache, logits, ids[0, -1], 5, shape,
+                                        _drafting(1.5))
+
+    def own_probability_values(spine, rows, siblings, how):
+        return rows.gather(1, torch.cat([spine[:, None], siblings], 1))
+
+    changed_tokens = 0
+    for seed in range(4):
+        a, b = drafted(seed, 1 << 41), drafted(seed, 1 << 42)
+        assert torch.equal(a.parents, b.parents) and torch.equal(a.depths, b.depths)
+        spine = a.draft_slots >= 0
+        assert torch.equal(a.tokens[0][spine], b.tokens[0][spine])
+        changed_tokens += int(not torch.equal(a.tokens, b.tokens))
+    assert changed_tokens > 0
+    monkeypatch.setattr(tree_loop, "_values", own_probability_values)
+    moved = 0
+    for seed in range(4):
+        a, b = drafted(seed, 1 << 41), drafted(seed, 1 << 42)
+        moved += int(not torch.equal(a.parents, b.parents))
+    assert moved > 0
 
 
 def test_sampled_tree_runs_are_valid_and_reproducible(pair):
@@ -129,7 +208,7 @@ def test_tree_arguments_are_checked(pair):
     target, draft = pair
     for bad, match in ((lambda: TreeShape.parse("2-4"), "WIDTHxDEPTH"),
                        (lambda: TreeShape.parse("0x4"), "width and depth"),
-                       (lambda: TreeShape.parse("2x2:9"), "1 to 6 candidate"),
+                       (lambda: TreeShape.parse("2x2:9"), "1 to 4 candidate"),
                        (lambda: tree_generate(target, draft, torch.ones(2, 3, dtype=torch.long),
                                               max_new_tokens=4, shape=TreeShape(2, 2, 2)),
                         "batch 1"),

@@ -197,6 +197,29 @@ def test_compiled_models_are_cached_across_shapes() -> None:
     assert sum(key.kind == "greedy" for key in backend._compiled) == 1
 
 
+def test_block_and_tree_graphs_compile_once_across_shapes() -> None:
+    """Every block and tree graph has dynamic shapes: new B, K, N or V reuse the compiled model
+    (the first round compiles what the variants need, later rounds add nothing)."""
+    backend = get_backend(BACKEND)
+    rng = np.random.default_rng(11)
+    counts = []
+    for b, k, v in [(2, 3, 11), (5, 1, 64), (1, 6, 512)]:
+        logits = rng.standard_normal((b, k + 1, v)).astype(np.float32)
+        q = rng.dirichlet(np.ones(v), (b, k + 1)).astype(np.float32)
+        pv.verify(rng.integers(0, v, (b, k)), target_logits=logits, draft_probs=q[:, :k],
+                  method="block", seed=1, backend=BACKEND)
+        parents = np.broadcast_to(np.arange(-1, k, dtype=np.int64), (b, k + 1)).copy()
+        parents[:, 2:] = rng.integers(0, 2, (b, max(k - 1, 0)))  # some siblings
+        nodes = rng.integers(0, v, (b, k + 1))
+        for children in ("iid", "without_replacement"):
+            pv.verify_tree(nodes, parents, target_logits=logits, draft_probs=q,
+                           children=children, seed=2, backend=BACKEND)
+        pv.verify_tree(nodes, parents, target_logits=logits, method="typical", seed=2,
+                       backend=BACKEND)
+        counts.append(len(backend._compiled))
+    assert counts[0] == counts[1] == counts[2]
+
+
 def test_concurrent_calls_share_one_backend_safely() -> None:
     """Dispatch hands every thread the same instance and its single infer request per graph."""
     rng = np.random.default_rng(21)

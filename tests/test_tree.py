@@ -214,7 +214,7 @@ def test_typical_takes_the_first_passing_child_not_the_longest_path() -> None:
                        [0.02, 0.02, 0.94, 0.02],   # node 2 (token 1): its child token 2 passes
                        [0.25, 0.25, 0.25, 0.25]]])
     tokens, parents = torch.tensor([[0, 0, 1, 2]]), torch.tensor([[-1, 0, 0, 2]])
-    for backend in ("numpy", "torch:cpu"):
+    for backend in ("numpy", "torch:cpu", "openvino"):
         res = pv.verify_tree(tokens, parents, target_probs=p, method="typical", seed=0,
                              backend=backend)
         assert res.node_ids[0].tolist()[:2] == [1, -1]

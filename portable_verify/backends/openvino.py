@@ -15,12 +15,14 @@ import functools
 import math
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from portable_verify.backends.base import Availability, Backend
-from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
+from portable_verify.backends.base import Availability, Backend, BackendTraits
+from portable_verify.core.tree import TreeInputs
+from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, TypicalParams, VerifyInputs
 
 DEFAULT_DEVICE = "CPU"
 ENV_THREADS = "PORTABLE_VERIFY_OPENVINO_THREADS"
@@ -49,6 +51,7 @@ class OpenVINOBackend(Backend):
     description = "OpenVINO runtime graphs (CPU by default; openvino:GPU, openvino:NPU)"
     array_kind = "numpy"
     devices = ("CPU", "GPU", "NPU")  # any OpenVINO device name is accepted; these are listed
+    traits = BackendTraits(sampled_methods=("rejection", "typical", "block"), supports_trees=True)
 
     def __init__(self, device: str | None = None, *, num_threads: int | None = None) -> None:
         """``num_threads`` (default: ``$PORTABLE_VERIFY_OPENVINO_THREADS``, else OpenVINO's own
@@ -104,8 +107,9 @@ class OpenVINOBackend(Backend):
             self._core = ov.Core()
         return self._core
 
-    def compiled_model(self, variant: Any) -> Any:
-        """The compiled model of ``variant`` (an ``openvino_graphs.Variant``), built once."""
+    def compiled_model(self, variant: Any, build: Callable[[], Any] | None = None) -> Any:
+        """The compiled model of ``variant`` (a hashable graph key), built once: by ``build``
+        when given, else as an ``openvino_graphs.Variant``."""
         model = self._compiled.get(variant)
         if model is None:
             from portable_verify.backends import openvino_graphs
@@ -117,12 +121,37 @@ class OpenVINOBackend(Backend):
                     f"available devices: {devices}"
                 )
             core = self._get_core()
-            model = core.compile_model(
-                openvino_graphs.build(variant), self.device, self._compile_config()
-            )
+            graph = build() if build is not None else openvino_graphs.build(variant)
+            model = core.compile_model(graph, self.device, self._compile_config())
             self._compiled[variant] = model
             self._requests[variant] = model.create_infer_request()
         return model
+
+    def infer(self, variant: Any, arrays: list[np.ndarray],
+              build: Callable[[], Any] | None = None) -> list[np.ndarray]:
+        """Run the graph of ``variant`` on ``arrays`` (its inputs, in order); its outputs.
+
+        Every input is shared (zero-copy): copying into the request's own dynamic-shape
+        buffers measured ~3x slower (docs/backends.md), and mixing shared and copied inputs on
+        one request is a known CPU-plugin pitfall. Setting the tensors directly skips the
+        Python ``infer(dict)`` dispatcher's per-call cost (docs/backends.md).
+        """
+        from openvino import Tensor
+
+        with self._lock:
+            self.compiled_model(variant, build)
+            request = self._requests[variant]
+            try:
+                for i, array in enumerate(arrays):
+                    request.set_input_tensor(i, Tensor(array, shared_memory=True))
+                request.infer()
+            except Exception:
+                # A request that failed mid-inference keeps broken internal shapes and fails
+                # every later call; a fresh one keeps the failure to this call.
+                self._requests[variant] = self._compiled[variant].create_infer_request()
+                raise
+            return [request.get_output_tensor(i).data.copy()
+                    for i in range(len(self._compiled[variant].outputs))]
 
     def _compile_config(self) -> dict[str, Any]:
         """f32 precision (the CPU plugin would pick bf16 on AVX-512 BF16 parts), latency hint,
@@ -139,50 +168,58 @@ class OpenVINOBackend(Backend):
         return {key: value for key, value in wanted.items() if key in supported}
 
     def run(self, inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
-        from portable_verify.backends.openvino_graphs import Variant, input_names
+        from portable_verify.backends.openvino_graphs import input_names
 
         b, k = inputs.batch_size, inputs.num_positions
         if b == 0:
             return np.zeros((0, k + 1), np.int64), np.zeros(0, np.int64)
         arrays = _graph_arrays(inputs)
-        if inputs.all_greedy:
-            variant = Variant("greedy")
-        else:
-            variant = Variant(
-                inputs.sampled_method,
-                is_logits=inputs.target_is_logits,
-                # Typical acceptance never reads the draft distribution.
-                has_draft_probs="draft_probs" in arrays and inputs.sampled_method == "rejection",
-                with_greedy_rows=not inputs.none_greedy,
-            )
-        from openvino import Tensor
+        if inputs.sampled_method == "block" and not inputs.all_greedy:
+            from portable_verify.backends.openvino_block import verify_block
 
-        with self._lock:
-            self.compiled_model(variant)
-            request = self._requests[variant]
-            # Every input is shared (zero-copy): copying into the request's own dynamic-shape
-            # buffers measured ~3x slower (docs/backends.md), and mixing shared and copied
-            # inputs on one request is a known CPU-plugin pitfall. Setting the tensors directly
-            # skips the Python `infer(dict)` dispatcher's per-call cost (docs/backends.md).
-            try:
-                for i, name in enumerate(input_names(variant)):
-                    request.set_input_tensor(i, Tensor(arrays[name], shared_memory=True))
-                request.infer()
-            except Exception:
-                # A request that failed mid-inference keeps broken internal shapes and fails
-                # every later call; a fresh one keeps the failure to this call.
-                self._requests[variant] = self._compiled[variant].create_infer_request()
-                raise
-            tokens = request.get_output_tensor(0).data.copy()
-            accepted = request.get_output_tensor(1).data.copy()
+            tokens, accepted = verify_block(self, inputs, arrays)
+        else:
+            variant = _variant(inputs, "draft_probs" in arrays)
+            tokens, accepted = self.infer(variant,
+                                          [arrays[name] for name in input_names(variant)])
         if k == 0:  # undo the host padding of K = 0 to one unused position
             tokens = np.ascontiguousarray(tokens[:, :1])
         return tokens, accepted
 
 
+    def run_tree(self, inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        from portable_verify.backends.openvino_tree import Scalars, verify_tree_openvino
+
+        inputs.check_layout()
+        scalars = Scalars(np.array(argmax_block(inputs.vocab_size), np.int64),
+                          typical_arrays(inputs.typical))
+        return verify_tree_openvino(self, inputs, scalars)
+
+
+def _variant(inputs: VerifyInputs, has_draft_probs: bool) -> Any:
+    """The ``openvino_graphs.Variant`` that decides ``inputs`` (token-wise methods)."""
+    from portable_verify.backends.openvino_graphs import Variant
+
+    if inputs.all_greedy:
+        return Variant("greedy")
+    return Variant(
+        inputs.sampled_method,
+        is_logits=inputs.target_is_logits,
+        # Typical acceptance never reads the draft distribution.
+        has_draft_probs=has_draft_probs and inputs.sampled_method == "rejection",
+        with_greedy_rows=not inputs.none_greedy,
+    )
+
+
 def _device_present(device: str, devices: list[str]) -> bool:
     """``GPU`` matches ``GPU`` and ``GPU.0``; ``GPU.1`` must be listed itself."""
     return any(d == device or d.split(".", 1)[0] == device for d in devices)
+
+
+def typical_arrays(typical: TypicalParams) -> list[np.ndarray]:
+    """The typical threshold's parameters as the tree graphs' float32 scalar inputs, in
+    :meth:`TypicalParams.kernel_scalars` order (eps, alpha)."""
+    return [np.array(value, np.float32) for value in typical.kernel_scalars()]
 
 
 def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:

@@ -43,9 +43,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--k", default=None,
                    help="draft lengths, comma separated (default 1,2,3,4,5; --quick 2)")
     p.add_argument("--tree", default=None,
-                   help="draft trees, comma separated, WIDTHxDEPTH[:NODES] (e.g. 2x4,3x4:8): "
-                   "the draft's beam of WIDTH expanded DEPTH levels, the NODES best nodes "
-                   "(default DEPTH) scored in one target forward; each runs beside the chain "
+                   help="draft trees, comma separated, WIDTHxDEPTH[:NODES] (e.g. 2x4,3x8:8): "
+                   "the draft's chain of DEPTH tokens plus WIDTH-1 siblings per position, the "
+                   "NODES most valuable (default DEPTH) scored in one target forward; each "
+                   "runs beside the chain "
                    "with k = NODES (batch 1, torch runtime)")
     p.add_argument("--method", choices=("greedy", "rejection", "typical", "block"), default=None,
                    help="verification method (default greedy); block runs block verification "

@@ -126,8 +126,8 @@ class E2EConfig:
                              f"rejection; got batch {self.batch}, runtime {self.runtime}, "
                              f"method {self.method}")
         if self.draft == "ngram":
-            raise ValueError("--tree expands a draft model's beam: it needs a model draft, "
-                             "not ngram")
+            raise ValueError("--tree drafts with a draft model's distributions: it needs a "
+                             "model draft, not ngram")
 
     @property
     def greedy(self) -> bool:

@@ -341,7 +341,8 @@ def block_comparison(runs: list[Contender], k: int) -> dict[str, Any]:
 
 def tree_comparison(runs: list[Contender]) -> list[dict[str, Any]]:
     """Each tree against the chain scoring as many nodes (``k = nodes``): accepted drafts per
-    target forward and tokens/s, as one ratio per (round, prompt batch) with its spread."""
+    target forward and tokens/s, as one ratio per (round, prompt batch) with its spread, and
+    the paired difference (tree - chain per trial) with its 95% Student-t interval."""
     chains = {r.k: r for r in runs if r.verifier == "verify"}
     rows = []
     for tree in (r for r in runs if r.tree is not None):
@@ -351,6 +352,8 @@ def tree_comparison(runs: list[Contender]) -> list[dict[str, Any]]:
         apf = [t / c for t, c in zip(tree.accepted_per_forward, chain.accepted_per_forward,
                                      strict=True) if c > 0]
         tps = [t / c for t, c in zip(tree.tokens_per_s, chain.tokens_per_s, strict=True)]
+        gain = [t - c for t, c in zip(tree.accepted_per_forward, chain.accepted_per_forward,
+                                      strict=True)]
         t_apf = tree.metrics.accepted_tokens / max(tree.metrics.row_steps, 1)
         c_apf = chain.metrics.accepted_tokens / max(chain.metrics.row_steps, 1)
         rows.append({"tree": tree.name, "chain": chain.name,
@@ -358,6 +361,7 @@ def tree_comparison(runs: list[Contender]) -> list[dict[str, Any]]:
                      "accepted_per_forward_tree": t_apf, "accepted_per_forward_chain": c_apf,
                      "accepted_per_forward_gain": _ratio(t_apf, c_apf),
                      "accepted_per_forward_gain_spread": spread(apf),
+                     "accepted_per_forward_difference": mean_interval(gain),
                      "tokens_per_s_ratio": _ratio(tree.metrics.tokens_per_s,
                                                   chain.metrics.tokens_per_s),
                      "tokens_per_s_ratio_spread": spread(tps)})

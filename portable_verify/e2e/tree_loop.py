@@ -1,21 +1,24 @@
 """Tree speculative decoding over transformers models (batch 1), verified by ``pv.verify_tree``.
 
 Why a second loop: a chain spends every scored position on one guess per depth; a tree spends
-them where the draft is unsure. The drafter is EAGLE-2's dynamic tree on the draft model: a
-beam of ``width`` nodes expanded level by level (each beam node's ``width`` best children, the
-beam of the next level the ``width`` best of those by cumulative draft log-probability), then
-the ``nodes`` best candidates overall kept. A child never scores above its parent, so the kept
-set is closed under ancestors, and a chain of the same length is one of the sets it ranks.
+some of them on second guesses where the draft is unsure. The drafter (``draft_tree``) drafts
+the chain's own path first, a *spine* of ``depth`` tokens (exactly the chain's drafts: argmax
+when greedy, the chain's draws at ``T > 0``), then offers ``width - 1`` siblings per spine
+position (the next-best tokens when greedy, draws without replacement at ``T > 0``) and keeps
+the ``nodes`` candidates of highest estimated value (the probability that the verifier reaches
+and accepts them). With ``depth == nodes`` the chain of ``k = nodes`` is one of the candidate
+sets, so the tree only gives up a spine node where a sibling is judged worth more (why
+EAGLE-2's beam over the raw draft probabilities lost here: docs/decisions.md, "Trees end to
+end").
 
 One step:
 
-1. the draft reads its pending tokens and expands ``depth`` levels (``depth - 1`` forwards of
-   ``width`` tokens, each node attending to the committed prefix and its own ancestors through
-   a 4-D mask, at position ``root + depth``);
+1. the draft reads its pending tokens and drafts the spine (``depth - 1`` one-token forwards,
+   as the chain's ``k - 1``); siblings are leaves and cost no draft forward;
 2. the target scores the root plus every kept node in ONE forward, with
    ``pv.tree_attention_mask`` as its 4-D mask and per-node positions;
-3. ``pv.verify_tree`` picks the path (deterministic children: top-k is a choice, not a draw);
-   the step's single host synchronisation reads the verdict;
+3. ``pv.verify_tree`` picks the path (greedy: deterministic children; ``T > 0``: children
+   drawn without replacement, with the draft rows); the step's single host sync reads it;
 4. both caches keep the accepted nodes' KV entries by a gather (they are scattered over the
    tree, not a suffix) and drop the rest.
 
@@ -34,17 +37,26 @@ from typing import Any
 import torch
 
 from portable_verify import tree_attention_mask, verify_tree
-from portable_verify.core import arguments
+from portable_verify.core import arguments, rng
 from portable_verify.integrations import hf
 
 TREE_METHODS: tuple[str, ...] = ("greedy", "rejection")
-GREEDY_RANK_TEMPERATURE = 1.0
-"""Temperature of the draft log-probabilities that rank greedy candidates (see docs/e2e.md)."""
+GREEDY_RANK_TEMPERATURE = 0.5
+"""Greedy: the draft's logits divided by this estimate P(target argmax = token) (chosen from
+1, 0.5, 0.25, 0.1 on three held-out chat prompts: weak evidence, docs/decisions.md)."""
+SAMPLED_REJECT_SCALE = 0.25
+"""``T > 0``: P(spine draw rejected) is estimated as this times ``1 - max q`` (not tuned: 1.0
+lost badly, since a close draft's draws are accepted nearly regardless of ``max q``)."""
+SAMPLED_SIBLING_ACCEPT = 0.5
+"""``T > 0``: P(a sibling draw accepted | the draws before it rejected), a guess (not tuned)."""
+SIBLING_OFFSET = 1 << 41
+"""Counter offset of the siblings' random numbers (the spine uses ``hf.DRAFT_OFFSET``)."""
 
 
 @dataclass(frozen=True)
 class TreeShape:
-    """A dynamic tree: beam ``width``, ``depth`` levels, the ``nodes`` best candidates kept.
+    """A spine of ``depth`` drafts, ``width`` candidate children per spine position (the spine
+    child first), the ``nodes`` most valuable candidates kept.
 
     Scored target positions per step: ``nodes + 1`` (the root too), as a chain with
     ``k = nodes``.
@@ -57,7 +69,7 @@ class TreeShape:
     def __post_init__(self) -> None:
         if self.width < 1 or self.depth < 1:
             raise ValueError(f"tree width and depth must be >= 1, got {self.width}x{self.depth}")
-        most = self.width + (self.depth - 1) * self.width * self.width
+        most = self.width * self.depth
         if not 1 <= self.nodes <= most:
             raise ValueError(f"a {self.width}x{self.depth} tree has 1 to {most} candidate "
                              f"nodes to keep, got {self.nodes}")
@@ -67,7 +79,7 @@ class TreeShape:
         """``"WxD"`` (keeps ``D`` nodes) or ``"WxD:M"`` (keeps ``M``)."""
         match = re.fullmatch(r"\s*(\d+)x(\d+)(?::(\d+))?\s*", text)
         if not match:
-            raise ValueError(f"a tree is WIDTHxDEPTH or WIDTHxDEPTH:NODES (e.g. 2x4, 3x4:8), "
+            raise ValueError(f"a tree is WIDTHxDEPTH or WIDTHxDEPTH:NODES (e.g. 2x4, 3x8:4), "
                              f"got {text!r}")
         width, depth = int(match[1]), int(match[2])
         return cls(width, depth, int(match[3]) if match[3] else depth)
@@ -85,6 +97,24 @@ class DraftTree:
     parents: torch.Tensor  # int64 [1, N]
     depths: torch.Tensor  # int64 [N]
     draft_slots: torch.Tensor  # int64 [N]: the node's slot in the draft cache, -1 if not fed
+    draft_probs: torch.Tensor | None = None  # [1, N, V] at T > 0: node i's children's law
+
+
+@dataclass(frozen=True)
+class Drafting:
+    """How one step drafts: greedy (``temperature == 0``) or sampled, and its random streams."""
+
+    temperature: float
+    seeds: torch.Tensor
+    step: int
+    rank_temperature: float = GREEDY_RANK_TEMPERATURE
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def uniforms(self, offset: int, cols: int) -> torch.Tensor:
+        return rng.uniforms_torch(self.seeds, torch.tensor([self.step + offset]), cols)[0]
 
 
 def keep_slots(cache: Any, start: int, slots: torch.Tensor) -> None:
@@ -107,66 +137,101 @@ def _tree_mask(ancestors: torch.Tensor, cached: int, dtype: torch.dtype) -> torc
     return mask[None, None]
 
 
+def _spine(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor, root_pos: int,
+           depth: int, how: Drafting) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chain's drafts ``[D]`` and the draft rows they were drawn from ``[D, V]`` (logits
+    when greedy, probabilities at ``T``): the same tokens the chain loop drafts from here."""
+    logits = root_logits[0].float()
+    u = None if how.greedy else how.uniforms(hf.DRAFT_OFFSET, depth + 1)
+    tokens, rows = [], []
+    for j in range(depth):
+        if how.greedy:
+            row, x = logits, torch.argmax(logits)
+        else:
+            row = torch.softmax(logits / how.temperature, -1)
+            x = hf._draw(row[None], u[j: j + 1])[0]
+        tokens.append(x)
+        rows.append(row)
+        if j < depth - 1:
+            logits = draft.logits(x.reshape(1, 1), cache, torch.tensor([[root_pos + 1 + j]]),
+                                  None, True)[0].float()
+    return torch.stack(tokens), torch.stack(rows)
+
+
+def _siblings(spine: torch.Tensor, rows: torch.Tensor, width: int,
+              how: Drafting) -> torch.Tensor:
+    """``[D, width - 1]`` further children per spine position, in sibling order: the next-best
+    tokens (greedy), or sequential draws without replacement from the row with the spine
+    token removed (one inverse-CDF uniform per draw, as the spine's)."""
+    if how.greedy:
+        keys = rows.clone()
+        keys.scatter_(1, spine[:, None], -float("inf"))
+        return torch.topk(keys, width - 1, dim=-1).indices
+    u = how.uniforms(SIBLING_OFFSET, rows.shape[0] * (width - 1)).reshape(-1, width - 1)
+    left = rows.clone()
+    left.scatter_(1, spine[:, None], 0.0)
+    picks = []
+    for r in range(width - 1):  # sibling ranks (a few), vectorised over the spine positions
+        x = hf._draw(left, u[:, r])
+        picks.append(x)
+        left.scatter_(1, x[:, None], 0.0)
+    return torch.stack(picks, 1)
+
+
+def _values(spine: torch.Tensor, rows: torch.Tensor, siblings: torch.Tensor,
+            how: Drafting) -> torch.Tensor:
+    """Estimated P(reached and accepted) per candidate, ``[D, width]`` (column 0 the spine).
+
+    Greedy: ``softmax(logits / rank_temperature)`` as P(target argmax = token). ``T > 0``: only
+    the rows, never a candidate's own token, so that which nodes are kept does not depend on
+    the draws (what makes the without-replacement rule exact): the spine draw at a row is
+    accepted with ``1 - s * (1 - max q)``, each sibling after a rejection with ``b``; a sibling
+    is capped at its spine brother's value, so it is never kept without him.
+    """
+    cands = torch.cat([spine[:, None], siblings], 1)
+    if how.greedy:
+        c = torch.softmax(rows / how.rank_temperature, -1).gather(1, cands)
+        reach = torch.cat([torch.ones(1), torch.cumprod(c[:, 0], 0)[:-1]])
+        return reach[:, None] * c
+    accept = (1 - SAMPLED_REJECT_SCALE * (1 - rows.max(-1).values)).clamp(0, 1)
+    reach = torch.cat([torch.ones(1), torch.cumprod(accept, 0)[:-1]])
+    rank = torch.arange(1, cands.shape[1])
+    sib = (reach * (1 - accept))[:, None] * SAMPLED_SIBLING_ACCEPT ** rank
+    spine_v = reach * accept
+    return torch.cat([spine_v[:, None], torch.minimum(sib, spine_v[:, None])], 1)
+
+
 def draft_tree(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor, root: torch.Tensor,
-               root_pos: int, shape: TreeShape, rank_temperature: float) -> DraftTree:
-    """Expand the draft's beam and keep the best ``shape.nodes`` candidates (see module doc).
+               root_pos: int, shape: TreeShape, how: Drafting) -> DraftTree:
+    """Draft the spine and its siblings, keep the ``shape.nodes`` most valuable (module doc).
 
     ``root_logits [1, V]``: the draft's logits after the root; ``cache`` holds everything up to
-    and including the root and receives the beam nodes of levels ``1 .. depth - 1``.
+    and including the root and receives the spine's first ``depth - 1`` tokens.
     """
-    w, scale = shape.width, 1.0 / rank_temperature
-    base = cache.get_seq_length()
-    logp = torch.log_softmax(root_logits[0].float() * scale, -1)
-    score, token = torch.topk(logp, w)
-    parent = torch.full((w,), -1, dtype=torch.int64)  # candidate index; -1: the root
-    scores, tokens, parents, depths, _slots = [score], [token], [parent], [torch.ones(w)], []
-    beam = torch.arange(w)  # candidate indices of the current beam
-    anc = torch.zeros(0, 0, dtype=torch.bool)  # fed-slot ancestor rows
-    slot_of: dict[int, int] = {}  # host-known layout: beam candidate index -> draft slot
-    offset = 0  # candidates before this level
-    all_scores = score
-    for level in range(1, shape.depth):
-        fed = len(slot_of)
-        beam_parents = torch.cat(parents)[beam]
-        rows = torch.zeros(w, fed + w, dtype=torch.bool)
-        for j, cand in enumerate(beam.tolist()):  # w <= a few; host-side layout only
-            p = int(beam_parents[j])
-            if p >= 0:
-                rows[j, :fed] = anc[slot_of[p]]
-            rows[j, fed + j] = True
-            slot_of[cand] = fed + j
-        anc = torch.cat([torch.cat([anc, anc.new_zeros(fed, w)], 1), rows], 0)
-        ids = torch.cat(tokens)[beam][None]
-        pos = torch.full((1, w), root_pos + level, dtype=torch.int64)
-        logits = draft.logits(ids, cache, pos, _tree_mask(rows, base, torch.float32))
-        child_logp = all_scores[beam, None] + torch.log_softmax(logits[0].float() * scale, -1)
-        score, token = torch.topk(child_logp, w, dim=-1)  # [w, w]
-        offset += tokens[-1].numel()
-        scores.append(score.reshape(-1))
-        tokens.append(token.reshape(-1))
-        parents.append(beam.repeat_interleave(w))
-        depths.append(torch.full((w * w,), level + 1.0))
-        all_scores = torch.cat(scores)
-        beam = offset + torch.topk(scores[-1], w).indices
-    all_scores, all_tokens = torch.cat(scores), torch.cat(tokens)
-    all_parents, all_depths = torch.cat(parents), torch.cat(depths).long()
-    # Keep the best `nodes`; ties go to the earlier candidate, so a parent always precedes its
-    # child, and the kept nodes sorted by candidate index list parents before children.
-    order = torch.sort(-all_scores, stable=True).indices[: shape.nodes]
-    kept = torch.sort(order).values
-    tree_index = torch.full((all_scores.numel(),), -1, dtype=torch.int64)
+    d, w = shape.depth, shape.width
+    spine, rows = _spine(draft, cache, root_logits, root_pos, d, how)
+    siblings = _siblings(spine, rows, w, how) if w > 1 else spine.new_zeros(d, 0)
+    values = _values(spine, rows, siblings, how).reshape(-1)
+    # Candidates level by level, the spine child first: a parent precedes its children and
+    # outranks them or ties (ties go to the earlier candidate), so the kept set is closed
+    # under ancestors and, sorted by candidate index, lists parents before children.
+    kept = torch.sort(torch.sort(-values, stable=True).indices[: shape.nodes]).values
+    level, rank = kept // w, kept % w
+    tree_index = torch.full((d * w,), -1, dtype=torch.int64)
     tree_index[kept] = torch.arange(1, kept.numel() + 1)
-    kept_parents = all_parents[kept]
-    tree_parents = torch.where(kept_parents < 0, 0, tree_index[kept_parents.clamp(min=0)])
-    cand_slot = torch.full((all_scores.numel(),), -1, dtype=torch.int64)
-    for cand, slot in slot_of.items():
-        cand_slot[cand] = slot
+    spine_parent = torch.where(level > 0, tree_index[((level - 1) * w).clamp(min=0)], 0)
+    tokens = torch.cat([spine[:, None], siblings], 1).reshape(-1)[kept]
+    slots = torch.where((rank == 0) & (level < d - 1), level, -1)
     minus_one = torch.tensor([-1])
+    # Row i: the law node i's children were drawn from (the root's: level 0; a spine node's:
+    # the next level's; a sibling is a leaf, its row is never read).
+    probs = None if how.greedy else torch.cat([rows[:1], rows[(level + 1).clamp(max=d - 1)]])[None]
     return DraftTree(
-        tokens=torch.cat([root.reshape(1), all_tokens[kept]])[None],
-        parents=torch.cat([minus_one, tree_parents])[None],
-        depths=torch.cat([torch.zeros(1, dtype=torch.int64), all_depths[kept]]),
-        draft_slots=torch.cat([minus_one, cand_slot[kept]]),
+        tokens=torch.cat([root.reshape(1), tokens])[None],
+        parents=torch.cat([minus_one, spine_parent])[None],
+        depths=torch.cat([torch.zeros(1, dtype=torch.int64), level + 1]),
+        draft_slots=torch.cat([minus_one, slots]),
+        draft_probs=probs,
     )
 
 
@@ -202,9 +267,10 @@ def tree_generate(
     clock: Callable[[], float] = time.perf_counter,
 ) -> hf.GenerateResult:
     """Generate up to ``max_new_tokens`` tokens for one prompt ``input_ids [1, P]`` with a
-    dynamic draft tree of ``shape`` per step. ``method="greedy"`` in float32 reproduces
-    target-only greedy decoding token for token (tested); ``"rejection"`` samples the target
-    at ``temperature`` exactly (deterministic children)."""
+    draft tree of ``shape`` per step. ``method="greedy"`` in float32 reproduces target-only
+    greedy decoding token for token (tested); ``"rejection"`` samples the target at
+    ``temperature`` exactly (children drawn without replacement, kept by their rows only).
+    ``rank_temperature``: greedy ranking's (default :data:`GREEDY_RANK_TEMPERATURE`)."""
     if method not in TREE_METHODS:
         raise ValueError(f"method must be one of {TREE_METHODS}, got {method!r}")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
@@ -226,8 +292,7 @@ def tree_generate(
     metrics = TreeLoopMetrics(k=shape.depth, accepted_per_position=[0] * shape.depth)
     seeds = arguments.request_seeds(seed, 1, ids.device)
     verify_temp = 0.0 if greedy else float(temperature)
-    rank_t = rank_temperature if rank_temperature is not None else \
-        (GREEDY_RANK_TEMPERATURE if greedy else verify_temp)
+    rank_t = GREEDY_RANK_TEMPERATURE if rank_temperature is None else rank_temperature
     if not rank_t > 0:
         raise ValueError(f"rank_temperature must be > 0, got {rank_temperature}")
 
@@ -246,7 +311,8 @@ def tree_generate(
         pend_pos = torch.arange(root_pos - n_pend + 1, root_pos + 1)[None]
         root_logits = draft.logits(pending, d_cache, pend_pos, None, True)
         d_base = d_cache.get_seq_length()
-        tree = draft_tree(draft, d_cache, root_logits, pending[0, -1], root_pos, shape, rank_t)
+        how = Drafting(verify_temp, seeds, step, rank_t)
+        tree = draft_tree(draft, d_cache, root_logits, pending[0, -1], root_pos, shape, how)
         td = clock()
         metrics.draft_time_s += td - t0
         t_base = t_cache.get_seq_length()
@@ -254,9 +320,11 @@ def tree_generate(
         logits = target.logits(tree.tokens, t_cache, (root_pos + tree.depths)[None], mask)
         tv = clock()
         metrics.target_time_s += tv - td
-        result = verify_tree(tree.tokens, tree.parents, target_logits=logits, method=method,
-                             temperature=verify_temp, seed=seeds, seed_offset=step,
-                             max_depth=shape.depth, validate=False)
+        result = verify_tree(tree.tokens, tree.parents, target_logits=logits,
+                             draft_probs=tree.draft_probs,
+                             children="deterministic" if greedy else "without_replacement",
+                             method=method, temperature=verify_temp, seed=seeds,
+                             seed_offset=step, max_depth=shape.depth, validate=False)
         metrics.verify_time_s += clock() - tv
         host = torch.cat([result.token_ids[0], result.node_ids[0], result.num_accepted,
                           tree.draft_slots]).tolist()  # the step's one sync

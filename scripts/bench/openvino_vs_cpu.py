@@ -128,7 +128,7 @@ def main() -> None:
     torch.set_num_threads(1)
     if args.configs:
         _config_study(drafts, logits, args.reps)
-    register_backend("openvino-1t", lambda s: OpenVINOBackend(s, num_threads=1), auto=False)
+    register_backend("openvino-1t", lambda s: OpenVINOBackend(s, num_threads=1))
     print(f"B={b} K={k} V={v} float32 logits, validate=False, {args.reps} interleaved reps; "
           "median ms")
     print(f"{'method':<10} {'threads':<8} {'cpu wall':>9} {'ov wall':>8} {'ratio':>6}"

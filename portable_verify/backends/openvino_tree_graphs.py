@@ -1,0 +1,121 @@
+"""The per-row work of tree verification as OpenVINO graphs (see :mod:`.openvino_tree`).
+
+Each graph takes the rows it works on as ``[M, V]`` inputs (the host gathers the rows on the
+walked paths), so one compiled model per variant serves every tree shape. The arithmetic is the
+token-wise graphs' own (``p = e / s`` from logits, the entropy from ``log s``, the blocked
+argmax, the two-level draw), so a chain gives exactly ``verify``'s answer on this backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import openvino as ov
+import openvino.opset13 as ops
+
+from portable_verify.backends.openvino_block_graphs import safe_temperature
+from portable_verify.backends.openvino_graphs import (
+    _col,
+    _dim,
+    _f32,
+    _i64,
+    _iota,
+    first_argmax,
+    inverse_cdf_draw,
+)
+
+
+@dataclass(frozen=True)
+class TreeGraph:
+    """The key of one compiled tree graph.
+
+    ``rows``: a node's normalised row ``p`` (and, for typical, its threshold and argmax);
+    ``argmax``: the greedy argmax of raw rows; ``residual``: one rejected child folded in;
+    ``draw``: the inverse-CDF draw.
+    """
+
+    kind: Literal["rows", "argmax", "residual", "draw"]
+    is_logits: bool = False
+    typical: bool = False
+    children: str = "deterministic"
+
+    def build(self) -> ov.Model:
+        builders = {"rows": _rows, "argmax": _argmax, "residual": _residual, "draw": _draw}
+        return builders[self.kind](self)
+
+
+def _param(name: str, shape: list[int], dtype: ov.Type = ov.Type.f32) -> ov.Node:
+    return ops.parameter(ov.PartialShape(shape), dtype, name=name)
+
+
+def _model(outputs: list, params: list, name: str) -> ov.Model:
+    results = [ops.result(out, name=f"out{i}") for i, out in enumerate(outputs)]
+    return ov.Model(results, params, name)
+
+
+def _rows(graph: TreeGraph) -> ov.Model:
+    """``p [M, V]``; typical adds ``threshold [M]`` (``min(eps, alpha exp(-H))``) and
+    ``argmax(p) [M]``."""
+    rows = _param("rows", [-1, -1])
+    params = [rows]
+    if graph.is_logits:
+        temp = _param("temperature", [-1])
+        params.append(temp)
+        zm = ops.divide(ops.subtract(rows, ops.reduce_max(rows, _i64([1]), True)),
+                        _col(safe_temperature(temp)))
+        e = ops.exp(zm)
+        s = ops.reduce_sum(e, _i64([1]), False)
+        p = ops.divide(e, _col(s))
+    else:
+        p = rows
+    outputs = [p]
+    if graph.typical:
+        eps, alpha, block = _param("eps", []), _param("alpha", []), _param("block", [], ov.Type.i64)
+        params += [eps, alpha, block]
+        if graph.is_logits:  # as the token-wise graph: only [M] logs (see openvino_graphs)
+            lowest = _f32(float(np.finfo(np.float32).min))
+            e_zm = ops.multiply(e, ops.maximum(zm, lowest))
+            entropy = ops.subtract(ops.log(s),
+                                   ops.divide(ops.reduce_sum(e_zm, _i64([1]), False), s))
+        else:
+            plogp = ops.select(ops.greater(p, _f32(0.0)), ops.multiply(p, ops.log(p)), _f32(0.0))
+            entropy = ops.negative(ops.reduce_sum(plogp, _i64([1]), False))
+        threshold = ops.minimum(eps, ops.multiply(alpha, ops.exp(ops.negative(entropy))))
+        outputs += [threshold, first_argmax(p, block)[0]]
+    return _model(outputs, params, "tree_rows")
+
+
+def _argmax(graph: TreeGraph) -> ov.Model:
+    rows, block = _param("rows", [-1, -1]), _param("block", [], ov.Type.i64)
+    return _model([first_argmax(rows, block)[0]], [rows, block], "tree_argmax")
+
+
+def _residual(graph: TreeGraph) -> ov.Model:
+    """``(w, r, q)`` after rejecting ``x``: ``w = max(r - q_x, 0)`` (``r`` itself when that is
+    empty), ``r`` its normalisation, and, without replacement, ``q`` with ``x`` zeroed and
+    renormalised (after the subtraction). Deterministic children use ``q_x = one-hot(x)``."""
+    r, x = _param("r", [-1, -1]), _param("x", [-1], ov.Type.i64)
+    hit = ops.equal(ops.unsqueeze(_iota(_dim(r, 1)), _i64(0)), _col(x))  # [M, V]
+    if graph.children == "deterministic":
+        params, q = [r, x], ops.convert(hit, "f32")
+    else:
+        params, q = [r, _param("q", [-1, -1]), x], None
+        q = params[1]
+    residual = ops.maximum(ops.subtract(r, q), _f32(0.0))
+    total = ops.reduce_sum(residual, _i64([1]), True)
+    kept = ops.greater(total, _f32(0.0))
+    w = ops.select(kept, residual, r)
+    outputs = [w, ops.select(kept, ops.divide(residual, total), r)]
+    if graph.children == "without_replacement":
+        removed = ops.select(hit, _f32(0.0), q)
+        q_total = ops.reduce_sum(removed, _i64([1]), True)
+        outputs.append(ops.select(ops.greater(q_total, _f32(0.0)),
+                                  ops.divide(removed, q_total), removed))
+    return _model(outputs, params, "tree_residual")
+
+
+def _draw(graph: TreeGraph) -> ov.Model:
+    weights, v = _param("weights", [-1, -1]), _param("v", [-1])
+    return _model([inverse_cdf_draw(weights, v)], [weights, v], "tree_draw")
