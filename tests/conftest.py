@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
+from helpers import perturbed, tiny_llama
 
 import portable_verify as pv
 
@@ -32,3 +33,12 @@ def one_torch_thread() -> Iterator[None]:
     yield
     torch.set_num_threads(previous)
 
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
+    """A tiny Llama target (random weights, vocabulary 64) and a perturbed copy as its draft:
+    right often, not always (the e2e tests; they skip without transformers)."""
+    pytest.importorskip("transformers")
+    target = tiny_llama(0)
+    return target, perturbed(target, 0.3, 1)

@@ -31,3 +31,34 @@ def contract_problem(result: Any, b: int, k: int, v: int) -> str | None:
             return f"row {row.tolist()} (a={a}) has ids outside [0, {v}) or bad padding"
     return None
 
+
+
+def tiny_llama(seed: int, vocab: int = 64, head_scale: float = 6.0) -> torch.nn.Module:
+    """A two-layer Llama with random weights (transformers must be installed); ``head_scale``
+    sharpens the logits so that greedy decisions are not decided by rounding."""
+    import transformers
+
+    torch.manual_seed(seed)
+    cfg = transformers.LlamaConfig(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0,
+    )
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(head_scale)
+    return model
+
+
+def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
+    """A copy of ``model`` with noise of ``scale`` standard deviations added to every weight
+    (a draft that agrees with its target often, not always)."""
+    import transformers
+
+    torch.manual_seed(seed)
+    copy = transformers.LlamaForCausalLM(model.config).eval()
+    copy.load_state_dict(model.state_dict())
+    with torch.no_grad():
+        for p in copy.parameters():
+            p.add_(scale * p.std() * torch.randn_like(p))
+    return copy

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import portable_verify as pv
-from portable_verify.backends import torch_eager
+from portable_verify.backends import torch_draw, torch_ops
 from portable_verify.bench import numba_runtime, targets
 from portable_verify.bench import threads as bench_threads
 from portable_verify.bench.dense import dense_verify
@@ -104,8 +104,8 @@ def test_torch_backend_row_tiles_match_reference(monkeypatch: pytest.MonkeyPatch
     per-thread scratch buffers across calls) change only the loop structure: decisions must
     equal the reference's, including ragged rows, mixed greedy rows, one-hot and explicit
     drafts."""
-    monkeypatch.setattr(torch_eager, "CPU_TILE_ELEMENTS", tile)
-    monkeypatch.setattr(torch_eager, "CPU_FINAL_TILE_ELEMENTS", tile)
+    monkeypatch.setattr(torch_ops, "CPU_TILE_ELEMENTS", tile)
+    monkeypatch.setattr(torch_ops, "CPU_FINAL_TILE_ELEMENTS", tile)
     g = torch.Generator().manual_seed(5)
     b, k, v = 6, 3, 11
     logits = torch.randn(b, k + 1, v, generator=g) * 2
@@ -340,7 +340,7 @@ def test_two_level_draw_matches_the_plain_scan() -> None:
     """The blocked inverse-CDF draw (V > 4 blocks, with a ragged tail block) picks what the
     full cumulative sum picks, up to float rounding at boundaries, and never a zero weight."""
     g = torch.Generator().manual_seed(2)
-    v_size = 4 * torch_eager.DRAW_BLOCK + 77
+    v_size = 4 * torch_draw.DRAW_BLOCK + 77
     w = torch.softmax(torch.randn(4000, v_size, generator=g) * 3, -1)
     w[w < w.median()] = 0.0  # half the tokens impossible
     w[:50, : v_size - 2] = 0.0  # mass only in the tail block
@@ -349,8 +349,8 @@ def test_two_level_draw_matches_the_plain_scan() -> None:
     w[50:100, 0] += 0.1
     v = (torch.randint(0, 2**24, (4000,), generator=g) + 1).float() * 2**-24
     v[:20] = 1.0
-    picked, total = torch_eager.draw(w.clone(), v)
-    plain = torch_eager.inverse_cdf_draw(w, v)
+    picked, total = torch_draw.draw(w.clone(), v)
+    plain = torch_draw.inverse_cdf_draw(w, v)
     alive = total > 0
     assert alive[:100].all() and alive.sum() > 3900
     assert (w.gather(1, picked.unsqueeze(1)).squeeze(1)[alive] > 0).all()

@@ -7,6 +7,7 @@ such a model too; the packaged SmolLM2 model adds the CLI acceptance runs where 
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -18,39 +19,13 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+from helpers import perturbed, tiny_llama  # noqa: E402
+
+import portable_verify as pv  # noqa: E402
 from portable_verify import verify  # noqa: E402
 from portable_verify.integrations import hf, models  # noqa: E402
 
 VOCAB = 64
-
-
-def _tiny_llama(seed: int, vocab: int = VOCAB, head_scale: float = 6.0) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0,
-    )
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # sharper logits: greedy decisions are not decided by rounding
-        model.lm_head.weight.mul_(head_scale)
-    return model
-
-
-def _perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    copy = transformers.LlamaForCausalLM(model.config).eval()
-    copy.load_state_dict(model.state_dict())
-    with torch.no_grad():
-        for p in copy.parameters():
-            p.add_(scale * p.std() * torch.randn_like(p))
-    return copy
-
-
-@pytest.fixture(scope="module")
-def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
-    target = _tiny_llama(0)
-    return target, _perturbed(target, 0.3, 1)
 
 
 @pytest.fixture(scope="module")
@@ -160,7 +135,7 @@ def test_draft_distributions_reach_the_exact_verifiers(pair):
     seen = []
 
     def spy(draft_token_ids, **kwargs):
-        seen.append((kwargs["method"], kwargs["draft_probs"]))
+        seen.append((kwargs["options"].method, kwargs["draft_probs"]))
         return verify(draft_token_ids, **kwargs)
 
     ids = torch.tensor([[4, 9, 2]])
@@ -299,8 +274,8 @@ def test_rejection_loop_samples_the_target_distribution():
     same test and must be rejected at p < 1e-6: the lossy typical rule, and a loop that forgets
     to hand the temperature to the verifier (so a test that cannot fail would be noticed).
     """
-    target = _tiny_llama(4, vocab=8, head_scale=12.0)
-    draft = _perturbed(target, 0.8, 5)
+    target = tiny_llama(4, vocab=8, head_scale=12.0)
+    draft = perturbed(target, 0.8, 5)
     prompt = torch.tensor([[1, 5, 2]])
     n = 2000
     ids = prompt.expand(n, -1).contiguous()
@@ -331,6 +306,25 @@ def test_int8_draft_runs_in_the_loop(pair):
     assert out.metrics.acceptance_rate_per_position[0] > 0.5  # int8 copy mostly agrees
 
 
+def test_options_value_equals_the_keywords(pair):
+    """``options=`` is the keywords' one value: the same tokens, typical's parameters included
+    (a loop that dropped them would decide with the defaults: eps 0.5 vs 0.09 differs here);
+    both at once, or a method the loop does not run, is refused."""
+    target, draft = pair
+    ids = torch.tensor([[4, 9, 2]])
+    run = functools.partial(hf.speculative_generate, target, draft, ids, max_new_tokens=8, k=3,
+                            temperature=0.7, seed=3)
+    by_keywords = run(method="typical", typical_eps=0.5, typical_alpha=2.0)
+    by_value = run(options=pv.VerifyOptions("typical", pv.TypicalParams(0.5, 2.0)))
+    defaults = run(options=pv.VerifyOptions("typical"))
+    assert by_keywords.new_tokens == by_value.new_tokens
+    assert by_value.new_tokens != defaults.new_tokens, "the parameters must matter here"
+    with pytest.raises(ValueError, match="not both"):
+        run(method="typical", options=pv.VerifyOptions("typical"))
+    with pytest.raises(ValueError, match=r"options\.method"):
+        run(options=pv.VerifyOptions("auto"))
+
+
 def test_bad_arguments_are_named(pair):
     target, draft = pair
     ids = torch.tensor([[1, 2, 3]])
@@ -357,7 +351,7 @@ def test_bad_arguments_are_named(pair):
 
 def test_vocabulary_mismatch_is_reported(pair):
     target, _ = pair
-    other = _tiny_llama(3, vocab=VOCAB + 1)
+    other = tiny_llama(3, vocab=VOCAB + 1)
     with pytest.raises(ValueError, match="vocabulary"):
         hf.speculative_generate(target, other, torch.tensor([[1, 2]]), max_new_tokens=4, k=1)
 
@@ -507,7 +501,7 @@ def ov_pair(tmp_path_factory, pair):
     from portable_verify.e2e import openvino_model
 
     folders = {}
-    for name, model in (("target", pair[0]), ("wrong", _tiny_llama(7))):
+    for name, model in (("target", pair[0]), ("wrong", tiny_llama(7))):
         folder = tmp_path_factory.mktemp(name)
         model.save_pretrained(folder)
         folders[name] = openvino_model.export(str(folder), True, "f32")

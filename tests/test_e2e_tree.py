@@ -15,36 +15,12 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
+
 from portable_verify.e2e import tree_loop  # noqa: E402
 from portable_verify.e2e.tree_loop import TreeShape, tree_generate  # noqa: E402
 from portable_verify.integrations import hf, models  # noqa: E402
 
 VOCAB = 64
-
-
-def _tiny_llama(seed: int) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    cfg = transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-        tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0,
-    )
-    model = transformers.LlamaForCausalLM(cfg).eval()
-    with torch.no_grad():  # sharp logits: greedy decisions are not decided by rounding
-        model.lm_head.weight.mul_(6.0)
-    return model
-
-
-@pytest.fixture(scope="module")
-def pair() -> tuple[torch.nn.Module, torch.nn.Module]:
-    target = _tiny_llama(0)
-    torch.manual_seed(1)
-    draft = transformers.LlamaForCausalLM(target.config).eval()
-    draft.load_state_dict(target.state_dict())
-    with torch.no_grad():
-        for p in draft.parameters():
-            p.add_(0.3 * p.std() * torch.randn_like(p))
-    return target, draft
 
 
 def _prompt(seed: int) -> torch.Tensor:

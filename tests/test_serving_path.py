@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import portable_verify as pv
-from portable_verify.backends import torch_eager
+from portable_verify.backends import torch_draw, torch_ops
 from portable_verify.testing.cases.random_cases import INPUT_FORMS, build_case, random_spec
 from portable_verify.testing.checks.reference_comparison import Tally, compare
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.mark.parametrize("method", ["greedy", "rejection", "typical"])
 def test_device_code_path_matches_reference(monkeypatch: pytest.MonkeyPatch,
                                             method: str) -> None:
-    monkeypatch.setattr(torch_eager, "HOST_ARRAYS", False)
+    monkeypatch.setattr(torch_ops, "HOST_ARRAYS", False)
     gen = np.random.default_rng(77)
     tally = Tally()
     for _ in range(40):
@@ -42,14 +42,14 @@ def test_draw_over_blocks_matches_the_full_scan(monkeypatch: pytest.MonkeyPatch,
                                                 host: bool) -> None:
     """Both code paths of the two-level draw pick what one float64 cumulative sum picks (up to
     rounding at a boundary), including a ragged tail block, and never a zero weight."""
-    monkeypatch.setattr(torch_eager, "HOST_ARRAYS", host)
+    monkeypatch.setattr(torch_ops, "HOST_ARRAYS", host)
     g = torch.Generator().manual_seed(9)
-    v_size = 5 * torch_eager.DRAW_BLOCK + 13
+    v_size = 5 * torch_draw.DRAW_BLOCK + 13
     w = torch.softmax(torch.randn(3000, v_size, generator=g) * 3, -1)
     w[w < w.median()] = 0.0
     v = (torch.randint(0, 2**24, (3000,), generator=g) + 1).float() * 2**-24
-    picked, total = torch_eager.draw(w.clone(), v)
-    plain = torch_eager.inverse_cdf_draw(w, v)
+    picked, total = torch_draw.draw(w.clone(), v)
+    plain = torch_draw.inverse_cdf_draw(w, v)
     assert (total > 0).all()
     assert (w.gather(1, picked.unsqueeze(1)) > 0).all()
     assert (picked != plain).float().mean() < 2e-3
@@ -146,7 +146,7 @@ def test_device_code_path_refuses_the_bad_input_table(monkeypatch: pytest.Monkey
     from portable_verify.testing.cases.bad_inputs import BAD_CASES
     from portable_verify.testing.checks.bad_input_errors import expect_error
 
-    monkeypatch.setattr(torch_eager, "HOST_ARRAYS", False)
+    monkeypatch.setattr(torch_ops, "HOST_ARRAYS", False)
     problems = [f"{case.label}: {problem}" for case in BAD_CASES
                 if (problem := expect_error(case.build(), "torch:cpu", case.argument,
                                             case.error))]

@@ -31,6 +31,7 @@ from portable_verify.core.types import (
     TypicalParams,
     VerifyCall,
     VerifyOptions,
+    options_alone,
 )
 from portable_verify.core.validation import (
     require_float,
@@ -56,13 +57,7 @@ def read_options(method: Any, typical_eps: Any, typical_alpha: Any, options: Any
     if validate is not True and validate is not False and validate != "full":
         raise TypeError(f"validate must be True, False or \"full\", got {validate!r}")
     if options is not None:
-        if not isinstance(options, VerifyOptions):
-            raise TypeError(f"options must be a VerifyOptions, got {type(options).__name__}")
-        if (method != "auto" or typical_eps is not DEFAULT_TYPICAL.eps
-                or typical_alpha is not DEFAULT_TYPICAL.alpha):
-            raise ValueError("give the method and typical parameters either as options= or as "
-                             "method= / typical_eps= / typical_alpha=, not both")
-        return options
+        return options_alone(options, method, typical_eps, typical_alpha)
     if (method == "auto" and typical_eps is DEFAULT_TYPICAL.eps
             and typical_alpha is DEFAULT_TYPICAL.alpha):
         return DEFAULT_OPTIONS
@@ -250,6 +245,23 @@ def target_tensor(target_logits: Any, target_probs: Any) -> tuple[torch.Tensor, 
     return probs, "target_probs"
 
 
+def _check_vocab_and_draft_probs(target_name: str, target: torch.Tensor,
+                                 q: torch.Tensor | None, q_lead: tuple[int, ...], dims: str,
+                                 q_layout: str) -> None:
+    """The target's vocabulary is not empty; ``draft_probs``, when given, is float of shape
+    ``q_lead + (V,)`` (the layout's ``dims``, e.g. ``"B, K, V"``)."""
+    v = target.shape[-1]
+    if v < 1:
+        raise ValueError(f"{target_name} has an empty vocabulary dimension")
+    if q is None:
+        return
+    require_rank("draft_probs", q, len(q_lead) + 1, q_layout)
+    require_float("draft_probs", q)
+    if tuple(q.shape) != (*q_lead, v):
+        raise ValueError(f"draft_probs must have shape ({dims}) = {(*q_lead, v)}, "
+                         f"got {tuple(q.shape)}")
+
+
 def check_padded(drafts: torch.Tensor, target: torch.Tensor, target_name: str,
                  q: torch.Tensor | None, counts: torch.Tensor | None,
                  explicit_u: torch.Tensor | None) -> None:
@@ -268,16 +280,7 @@ def check_padded(drafts: torch.Tensor, target: torch.Tensor, target_name: str,
             f"{target_name} must have K+1 = {k + 1} rows per request (K drafts plus the bonus "
             f"position), got {target.shape[1]}"
         )
-    if target.shape[2] < 1:
-        raise ValueError(f"{target_name} has an empty vocabulary dimension")
-    if q is not None:
-        require_rank("draft_probs", q, 3, "[B, K, V]")
-        require_float("draft_probs", q)
-        if tuple(q.shape) != (b, k, target.shape[2]):
-            raise ValueError(
-                f"draft_probs must have shape (B, K, V) = {(b, k, target.shape[2])}, "
-                f"got {tuple(q.shape)}"
-            )
+    _check_vocab_and_draft_probs(target_name, target, q, (b, k), "B, K, V", "[B, K, V]")
     _check_counts(counts, b)
     _check_uniforms_shape(explicit_u, b, k, "K+1")
     require_same_device({"draft_token_ids": drafts, target_name: target, "draft_probs": q,
@@ -407,15 +410,7 @@ def check_ragged(flat: torch.Tensor, counts: torch.Tensor | None, cu: torch.Tens
             f"{target_name} must have N+B = {n}+{b} = {n + b} rows (each request's drafts plus "
             f"its bonus row), got {target.shape[0]}"
         )
-    if target.shape[1] < 1:
-        raise ValueError(f"{target_name} has an empty vocabulary dimension")
-    if q is not None:
-        require_rank("draft_probs", q, 2, "[N, V] (flattened)")
-        require_float("draft_probs", q)
-        if tuple(q.shape) != (n, target.shape[1]):
-            raise ValueError(
-                f"draft_probs must have shape (N, V) = {(n, target.shape[1])}, got {tuple(q.shape)}"
-            )
+    _check_vocab_and_draft_probs(target_name, target, q, (n,), "N, V", "[N, V] (flattened)")
     require_same_device({"draft_token_ids": flat, "num_draft_tokens": counts,
                          "cu_num_draft_tokens": cu, target_name: target, "draft_probs": q,
                          "uniforms": explicit_u})

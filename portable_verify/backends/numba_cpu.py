@@ -27,7 +27,7 @@ from portable_verify.backends.base import (
 from portable_verify.core.arguments import FLOAT32_MAX, request_seeds
 from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 from portable_verify.core.tree import TreeInputs
-from portable_verify.core.types import VerifyCall, VerifyInputs
+from portable_verify.core.types import TypicalParams, VerifyCall, VerifyInputs
 
 HALF = (torch.float16, torch.bfloat16)
 
@@ -108,16 +108,16 @@ def _outputs(b: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             np.empty(b, dtype=np.int64), np.empty(b, dtype=np.int64))
 
 
-def options_record(*, is_logits: bool, all_greedy: bool = False, typical: bool = False,
-                   check: bool = True, seed_mode: int = 1, seed_scalar: int = 0,
-                   offset_scalar: int = 0, temp_scalar: float = 1.0,
-                   eps: float = 0.0, alpha: float = 0.0, atol: float = PROB_SUM_ATOL,
-                   q_atol: float = PROB_SUM_ATOL) -> np.ndarray:
+def options_record(*, is_logits: bool, all_greedy: bool = False,
+                   typical: TypicalParams | None = None, check: bool = True, seed_mode: int = 1,
+                   seed_scalar: int = 0, offset_scalar: int = 0, temp_scalar: float = 1.0,
+                   atol: float = PROB_SUM_ATOL, q_atol: float = PROB_SUM_ATOL) -> np.ndarray:
     """A call's options as the kernel's one record (:data:`numba_kernels.OPTIONS`), packed
     with :mod:`struct` and kept per distinct value: ``np.array`` of a tuple costs more than a
-    whole small call's decision."""
-    key = (is_logits, all_greedy, typical, check, seed_mode, seed_scalar, offset_scalar,
-           temp_scalar, eps, alpha, atol, q_atol)
+    whole small call's decision. ``typical``: the parameters of a typical call, else None."""
+    scalars = (0.0, 0.0) if typical is None else typical.kernel_scalars()
+    key = (is_logits, all_greedy, typical is not None, check, seed_mode, seed_scalar,
+           offset_scalar, temp_scalar, *scalars, atol, q_atol)
     record = _RECORDS.get(key)
     if record is None:  # kernels only read records: one per distinct set of options
         if len(_RECORDS) >= 1024:
@@ -264,7 +264,7 @@ class NumbaBackend(Backend):
             if not all_greedy:
                 _uniform_source(call, kwargs)
             if options.sampled_method == "typical":
-                kwargs.update(typical=True, eps=options.typical.eps, alpha=options.typical.alpha)
+                kwargs["typical"] = options.typical
             if call.rows is not None:
                 kwargs["rows"] = call.rows
             if call.draft_probs is not None:
@@ -299,8 +299,8 @@ class NumbaBackend(Backend):
                    else host_array(inputs.draft_rows, np.int64)),
             temps=host_array(inputs.temperature, np.float32),
             all_greedy=inputs.all_greedy,
-            typical=inputs.sampled_method == "typical", block=inputs.sampled_method == "block",
-            eps=inputs.options.typical.eps, alpha=inputs.options.typical.alpha,
+            typical=inputs.options.typical if inputs.sampled_method == "typical" else None,
+            block=inputs.sampled_method == "block",
             uniforms=(EMPTY_F32_2 if inputs.uniforms is None
                       else host_array(inputs.uniforms, np.float32)),
             check=inputs.check_read_values, atol=atol, q_atol=q_atol,

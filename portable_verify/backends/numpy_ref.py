@@ -11,7 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from portable_verify.backends.base import Availability, Backend, BackendTraits
-from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
+from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, TypicalParams, VerifyInputs
 
 
 def first_argmax(row: np.ndarray) -> int:
@@ -67,8 +67,7 @@ def verify_one(
     temperature: float,
     method: str,
     uniforms: np.ndarray | None,
-    eps: float,
-    alpha: float,
+    typical: TypicalParams,
 ) -> list[int]:
     """Emitted tokens of one request; ``target`` is [>= n+1, V], ``draft_q`` [>= n, V] or None."""
     if greedy:
@@ -94,7 +93,7 @@ def verify_one(
         in_vocab = 0 <= x < len(pj)
         px = pj[x] if in_vocab else np.float32(0.0)
         if method == "typical":
-            threshold = min(eps, alpha * np.exp(-entropy(pj)))
+            threshold = typical.threshold(entropy(pj))
             if not (in_vocab and px > threshold):
                 return [*emitted, first_argmax(pj)]
         else:
@@ -192,8 +191,7 @@ def verify_reference(inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
             temperature=temperature,
             method=inputs.sampled_method,
             uniforms=None if inputs.uniforms is None else inputs.uniforms[i],
-            eps=inputs.options.typical.eps,
-            alpha=inputs.options.typical.alpha,
+            typical=inputs.options.typical,
         )
         tokens[i, : len(emitted)] = emitted
         accepted[i] = len(emitted) - 1

@@ -67,7 +67,7 @@ def walk_one(inputs: TreeInputs, b: int) -> tuple[list[int], int]:
         options = kids[node] if len(path) < inputs.max_depth else []
         pn = p(node)
         if inputs.sampled_method == "typical":
-            threshold = min(inputs.typical.eps, inputs.typical.alpha * np.exp(-entropy(pn)))
+            threshold = inputs.typical.threshold(entropy(pn))
             passing = next((c for c in options if pn[int(tokens[c])] > threshold), None)
             if passing is None:
                 return path, first_argmax(pn) if options else inverse_cdf_draw(pn, v)

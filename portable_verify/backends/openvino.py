@@ -192,7 +192,7 @@ class OpenVINOBackend(Backend):
 
         inputs.check_layout()
         scalars = Scalars(np.array(argmax_block(inputs.vocab_size), np.int64),
-                          list(typical_arrays(inputs.typical).values()))
+                          typical_arrays(inputs.typical))
         return verify_tree_openvino(self, inputs, scalars)
 
 
@@ -216,10 +216,10 @@ def _device_present(device: str, devices: list[str]) -> bool:
     return any(d == device or d.split(".", 1)[0] == device for d in devices)
 
 
-def typical_arrays(typical: TypicalParams) -> dict[str, np.ndarray]:
-    """The typical threshold's parameters as the graphs' scalar inputs, by input name."""
-    return {"typical_eps": np.array(typical.eps, np.float32),
-            "typical_alpha": np.array(typical.alpha, np.float32)}
+def typical_arrays(typical: TypicalParams) -> list[np.ndarray]:
+    """The typical threshold's parameters as the tree graphs' float32 scalar inputs, in
+    :meth:`TypicalParams.kernel_scalars` order (eps, alpha)."""
+    return [np.array(value, np.float32) for value in typical.kernel_scalars()]
 
 
 def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:
@@ -248,7 +248,7 @@ def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:
     if u is not None:
         arrays["uniforms"] = np.ascontiguousarray(u, np.float32)
         arrays["temperature"] = np.ascontiguousarray(inputs.temperature, np.float32)
-        arrays.update(typical_arrays(inputs.options.typical))
+        arrays["typical"] = np.array(inputs.options.typical.kernel_scalars(), np.float32)
     if q is not None:
         arrays["draft_probs"] = np.ascontiguousarray(q, np.float32)
         arrays["draft_rows"] = np.ascontiguousarray(inputs.draft_rows, np.int64)

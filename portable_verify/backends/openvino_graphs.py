@@ -50,7 +50,7 @@ def input_names(variant: Variant) -> tuple[str, ...]:
         return tuple(names)
     names += ["temperature", "uniforms"]
     if variant.kind == "typical":
-        names += ["typical_eps", "typical_alpha"]
+        names += ["typical"]
     if variant.has_draft_probs:
         names += ["draft_probs", "draft_rows"]
     return tuple(names)
@@ -64,8 +64,7 @@ _INPUT_TYPES: dict[str, tuple[list[int], ov.Type]] = {
     "block": ([], ov.Type.i64),
     "temperature": ([-1], ov.Type.f32),
     "uniforms": ([-1, -1], ov.Type.f32),
-    "typical_eps": ([], ov.Type.f32),
-    "typical_alpha": ([], ov.Type.f32),
+    "typical": ([2], ov.Type.f32),  # TypicalParams.kernel_scalars(): (eps, alpha)
     "draft_probs": ([-1, -1], ov.Type.f32),
     "draft_rows": ([-1, -1], ov.Type.i64),
 }
@@ -290,9 +289,8 @@ def _sampled(
 
     if variant.kind == "typical":
         h = ops.gather(entropy, rows_k, _i64(0))
-        threshold = ops.minimum(
-            inp["typical_eps"], ops.multiply(inp["typical_alpha"], ops.exp(ops.negative(h)))
-        )
+        eps, alpha = (ops.gather(inp["typical"], _i64(i), _i64(0)) for i in (0, 1))
+        threshold = ops.minimum(eps, ops.multiply(alpha, ops.exp(ops.negative(h))))
         accept = ops.greater(px, threshold)
     else:
         if variant.has_draft_probs:

@@ -26,10 +26,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.backends.torch_eager import (
+from portable_verify.backends.torch_draw import _draw
+from portable_verify.backends.torch_eager import TorchBackend
+from portable_verify.backends.torch_ops import (
     ArrayOps,
-    TorchBackend,
-    _draw,
     _logits_sums,
     _probs_entropy,
     _temperatures,
@@ -205,8 +205,7 @@ class FirstTests:
                               scratch=2)[0]
         if entropy is None:
             return m, s, None
-        return m, s, ops.clip(ops.xp.exp(-entropy) * inputs.typical.alpha,
-                              high=inputs.typical.eps)
+        return m, s, inputs.typical.threshold(entropy, ops.xp)
 
     def enter(self, mask: Array, node: Array) -> None:
         """The requests of ``mask`` moved to ``node``: their row's statistics (host only)."""

@@ -254,6 +254,20 @@ def _q_chunk(qbase, offs, q_len, x_a, HAS_Q: tl.constexpr):
     return q
 
 
+
+@_device
+def _scan_chunk(wgt, offs, carry, threshold, pick, last_pos, V, BLOCK: tl.constexpr):
+    """One chunk of the inverse-CDF scan over weights ``wgt`` at ``offs``: ``(pick, last_pos,
+    carry)`` with the float64 prefix ``carry`` advanced, ``pick`` the first positive weight whose
+    prefix reaches ``threshold`` (kept once found) and ``last_pos`` the last positive one seen
+    (the fallback should rounding run past the end)."""
+    c = carry + tl.cumsum(wgt.to(tl.float64), 0)
+    positive = wgt > 0
+    first = tl.min(tl.where(positive & (c >= threshold), offs, V), 0)
+    pick = tl.where(first < V, first, pick)
+    last_pos = tl.maximum(last_pos, tl.max(tl.where(positive, offs, 0), 0))
+    return pick, last_pos, carry + _last_of_cumsum(wgt.to(tl.float64), BLOCK)
+
 @_device
 def _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a, rejected, scale,
                 t_safe, m_a, s_a, V, K, RQ,
@@ -295,13 +309,8 @@ def _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a, rejec
         p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
         q = _q_chunk(qbase, offs, q_len, x_a, HAS_Q)
         wgt = tl.where(use_r, tl.maximum(scale * p - q, 0.0), p)
-        c = carry + tl.cumsum(wgt.to(tl.float64), 0)
-        positive = wgt > 0
-        hit = positive & (c >= threshold)
-        first = tl.min(tl.where(hit, offs, V), 0)
-        pick = tl.where(first < V, first, pick)
-        last_pos = tl.maximum(last_pos, tl.max(tl.where(positive, offs, 0), 0))
-        carry += _last_of_cumsum(wgt.to(tl.float64), BLOCK)
+        pick, last_pos, carry = _scan_chunk(wgt, offs, carry, threshold, pick, last_pos, V,
+                                            BLOCK)
         start += BLOCK
     return tl.where(pick >= 0, pick, last_pos)
 
@@ -467,7 +476,7 @@ def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
         argmax, stats[0], stats[1], stats[2],
         tokens, accepted,
         v, k, target.shape[0], q.shape[0] if q is not None else 1,
-        float(inputs.options.typical.eps), float(inputs.options.typical.alpha),
+        *inputs.options.typical.kernel_scalars(),
         IS_LOGITS=inputs.target_is_logits, HAS_Q=q is not None,
         HAS_U=inputs.uniforms is not None, HAS_GREEDY=has_greedy, TYPICAL=typical,
         BLOCK_VERIFY=block, BLOCK=_block(v, 1024 if interpreted_kernels else 2048),

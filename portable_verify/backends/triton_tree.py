@@ -21,7 +21,6 @@ the chain kernels.
 
 from __future__ import annotations
 
-import dataclasses
 import sys
 
 import torch
@@ -42,6 +41,7 @@ else:
 _kernel, _device = _chain._kernel, _chain._device
 _row_stats, _p_chunk, _row_argmax = _chain._row_stats, _chain._p_chunk, _chain._row_argmax
 _last_of_cumsum, _safe_temperature = _chain._last_of_cumsum, _chain._safe_temperature
+_scan_chunk = _chain._scan_chunk
 PLACEHOLDER = tl.constexpr(PLACEHOLDER_TOKEN_ID)
 _TL_CORE = tl.core  # in the globals so the interpreter patches it at launch
 CHILDREN_CODES = {"deterministic": 0, "iid": 1, "without_replacement": 2}
@@ -153,12 +153,8 @@ def _draw(row, wrow, cur, v_draw, t_safe, m, s, V, IS_LOGITS: tl.constexpr, BLOC
     while (start < V) & (pick < 0):
         offs = start + lane
         wgt = _weights_chunk(row, wrow, cur, offs, V, t_safe, m, s, IS_LOGITS)
-        c = carry + tl.cumsum(wgt.to(tl.float64), 0)
-        positive = wgt > 0
-        first = tl.min(tl.where(positive & (c >= threshold), offs, V), 0)
-        pick = tl.where(first < V, first, pick)
-        last_pos = tl.maximum(last_pos, tl.max(tl.where(positive, offs, 0), 0))
-        carry += _last_of_cumsum(wgt.to(tl.float64), BLOCK)
+        pick, last_pos, carry = _scan_chunk(wgt, offs, carry, threshold, pick, last_pos, V,
+                                            BLOCK)
         start += BLOCK
     return tl.where(pick >= 0, pick, last_pos)
 
@@ -358,7 +354,7 @@ def verify_tree_triton(inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, 
         inputs.parents.contiguous(), inputs.num_nodes.contiguous(), temps,
         inputs.uniforms.contiguous() if inputs.uniforms is not None else temps,
         scratch, q_scratch, tokens, nodes, accepted,
-        v, n, width, *_typical_values(inputs),
+        v, n, width, *inputs.typical.kernel_scalars(),
         IS_LOGITS=inputs.target_is_logits, HAS_U=inputs.uniforms is not None,
         HAS_GREEDY=not inputs.none_greedy, TYPICAL=typical,
         CHILDREN=CHILDREN_CODES[inputs.children],
@@ -369,9 +365,3 @@ def verify_tree_triton(inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, 
         **({} if interpreted else {"num_warps": 8, **_chain._COMPILE_OPTIONS}),
     )  # fmt: skip
     return tokens, nodes, accepted
-
-
-def _typical_values(inputs: TreeInputs) -> tuple[float, ...]:
-    """The typical parameters as the kernel's two scalars, unpacked from the one options value
-    in its field order (``TypicalParams``: eps, alpha)."""
-    return tuple(float(x) for x in dataclasses.astuple(inputs.typical))

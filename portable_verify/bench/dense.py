@@ -18,6 +18,7 @@ from portable_verify.core import arguments
 from portable_verify.core.types import (
     DEFAULT_TYPICAL,
     PLACEHOLDER_TOKEN_ID,
+    TypicalParams,
 )
 
 DENSE_METHODS = ("greedy", "rejection", "typical")
@@ -69,8 +70,7 @@ def dense_verify(
     draft_probs: torch.Tensor | None = None,
     method: str = "rejection",
     temperature: float | torch.Tensor | None = 1.0,
-    typical_eps: float = DEFAULT_TYPICAL.eps,
-    typical_alpha: float = DEFAULT_TYPICAL.alpha,
+    typical: TypicalParams = DEFAULT_TYPICAL,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """Verify drafts the dense way; returns ``token_ids`` int64 ``[B, K+1]`` (-1 padded).
@@ -97,8 +97,7 @@ def dense_verify(
 
     if method == "typical":
         entropy = -torch.xlogy(p, p).sum(-1)  # [B, K+1]: every row, used or not
-        threshold = torch.clamp(typical_alpha * torch.exp(-entropy[:, :k]), max=typical_eps)
-        accept = px > threshold
+        accept = px > typical.threshold(entropy[:, :k], torch)
         final = p.argmax(-1)  # recovered token at every position
         bonus = _exponential_race(p[:, k], generator)  # a fully sampled bonus for every row
         final[:, k] = bonus

@@ -22,6 +22,14 @@ def to_stdout(args: Any) -> bool:
     return getattr(args, "json", None) == "-"
 
 
+def json_only(args: Any, data: Any) -> bool:
+    """Write ``data`` to ``--json FILE`` when it was given; True when it went to standard
+    output, where the human-readable report must then not go."""
+    if getattr(args, "json", None):
+        write_json(args.json, data)
+    return to_stdout(args)
+
+
 def write_json(target: str, data: Any) -> None:
     text = json.dumps(data, indent=2, default=str) + "\n"
     if target == "-":

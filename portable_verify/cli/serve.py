@@ -32,8 +32,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--method", choices=plugin.VLLM_METHODS, default=None,
                    help=f"rule for sampled requests (sets {plugin.ENV_METHOD}; default "
                         "rejection)")
-    p.add_argument("--typical-eps", default=None, help=f"sets {plugin.ENV_TYPICAL_EPS}")
-    p.add_argument("--typical-alpha", default=None, help=f"sets {plugin.ENV_TYPICAL_ALPHA}")
+    for flag, variable in plugin.OPTION_FLAGS.items():
+        p.add_argument(flag, dest=variable, default=None, help=f"sets {variable}")
     p.add_argument("--dry-run", action="store_true",
                    help="print the environment and command, start nothing")
     p.set_defaults(func=run)
@@ -42,9 +42,9 @@ def add_parser(subparsers: Any) -> None:
 def server_command(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The argv and the environment variables added to this one (validated like the plugin)."""
     changes = {plugin.ENV_VAR: "1"}
-    for name, value in ((plugin.ENV_METHOD, args.method),
-                        (plugin.ENV_TYPICAL_EPS, args.typical_eps),
-                        (plugin.ENV_TYPICAL_ALPHA, args.typical_alpha)):
+    given = {plugin.ENV_METHOD: args.method,
+             **{variable: getattr(args, variable) for variable in plugin.OPTION_FLAGS.values()}}
+    for name, value in given.items():
         if value is not None:
             changes[name] = str(value)
     plugin.settings({**os.environ, **changes})  # a bad value fails here, before vLLM starts

@@ -23,7 +23,7 @@ import argparse
 import statistics
 from typing import Any
 
-from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
+from portable_verify.cli.jsonout import add_json_option, json_only, write_json
 
 _VERIFIERS = {"plugin": "sampler", "vllm": "fix", "vllm-unrepaired": "off"}
 
@@ -259,6 +259,16 @@ def _fmt(s: dict[str, Any], digits: int = 2) -> str:
     return f"{s['median']:.{digits}f} [{s['min']:.{digits}f}, {s['max']:.{digits}f}]"
 
 
+def _table(title: str, columns: tuple[str, ...]) -> Any:
+    """A left-titled rich table with these columns (rich is imported only to print)."""
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    return table
+
+
 def run_seam(args: argparse.Namespace) -> int:
     """``--seam``: the engine-free decision benchmark; skips (exit 0) where vLLM is missing."""
     from portable_verify.bench import environment, vllm_seam
@@ -273,18 +283,14 @@ def run_seam(args: argparse.Namespace) -> int:
         return 0
     data = {"machine": environment.machine(), "cpu_flags": _cpu_flags(),
             "versions": environment.library_versions(), **vllm_seam.measure(args.threads)}
-    if args.json:
-        write_json(args.json, data)
-    if to_stdout(args):
+    if json_only(args, data):
         return 0
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"vLLM seam, engine-free ({data['threads']} thread(s); drafts equal the "
-                        f"target argmax with probability {data['draft_hit_probability']} per "
-                        "position; interleaved; median [min, max] ms)", title_justify="left")
-    for col in ("B, K, V", "mode", "plugin ms", "vLLM ms", "vLLM / plugin", "greedy equal"):
-        table.add_column(col)
+    table = _table(f"vLLM seam, engine-free ({data['threads']} thread(s); drafts equal the "
+                   f"target argmax with probability {data['draft_hit_probability']} per "
+                   "position; interleaved; median [min, max] ms)",
+                   ("B, K, V", "mode", "plugin ms", "vLLM ms", "vLLM / plugin", "greedy equal"))
 
     def ms(t: dict[str, Any]) -> str:
         return f"{t['median_ms']:.3f} [{t['min_ms']:.3f}, {t['max_ms']:.3f}]"
@@ -312,21 +318,16 @@ def run(args: argparse.Namespace) -> int:
     if problem:
         raise SystemExit(f"serve-check needs vLLM: {problem}")
     data = measure(args)
-    if args.json:
-        write_json(args.json, data)
-    if to_stdout(args):
+    if json_only(args, data):
         return 0
     from rich.console import Console
-    from rich.table import Table
 
-    table = Table(title=f"vLLM serve-check ({data['num_prompts']} requests x "
-                        f"{data['max_tokens']} tokens; {data['repeats']} repeats, order "
-                        f"alternating; speed = ratio to no speculation in the same repeat, "
-                        f"median [min, max]; CPU flags {' '.join(data['cpu_flags']) or '-'})",
-                  title_justify="left")
-    for col in ("engine", "greedy speed", "greedy accept", "identical", "sampled speed",
-                "sampled accept", "decision ms/step"):
-        table.add_column(col)
+    table = _table(f"vLLM serve-check ({data['num_prompts']} requests x {data['max_tokens']} "
+                   f"tokens; {data['repeats']} repeats, order alternating; speed = ratio to no "
+                   f"speculation in the same repeat, median [min, max]; CPU flags "
+                   f"{' '.join(data['cpu_flags']) or '-'})",
+                   ("engine", "greedy speed", "greedy accept", "identical", "sampled speed",
+                    "sampled accept", "decision ms/step"))
 
     def speed(s: dict[str, Any]) -> str:
         return f"{_fmt(s['speed_ratio'])} ({_fmt(s['tokens_per_s'], 0)} tok/s)"
@@ -343,11 +344,9 @@ def run(args: argparse.Namespace) -> int:
                       else f"{r['decision_ms_per_step']:.2f}")
     console = Console()
     console.print(table)
-    pairs = Table(title="plugin / vLLM tokens/s, per repeat (engines of a pair back to back)",
-                  title_justify="left")
-    for col in ("pair", "first", "greedy per repeat", "greedy median [min, max]",
-                "sampled per repeat", "sampled median [min, max]"):
-        pairs.add_column(col)
+    pairs = _table("plugin / vLLM tokens/s, per repeat (engines of a pair back to back)",
+                   ("pair", "first", "greedy per repeat", "greedy median [min, max]",
+                    "sampled per repeat", "sampled median [min, max]"))
     for name, p in data["pairs"].items():
         pairs.add_row(name, " ".join(p["first"]),
                       " ".join(f"{v:.2f}" for v in p["greedy"]["values"]), _fmt(p["greedy"]),

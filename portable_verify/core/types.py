@@ -7,6 +7,8 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from portable_verify.core.metrics import compute_metrics
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -42,6 +44,25 @@ class TypicalParams:
                 raise ValueError(f"{argument} must be finite and >= 0, got {value!r}")
             object.__setattr__(self, field_name, float(value))
 
+    def threshold(self, entropy: Any, xp: Any = np) -> Any:
+        """``min(eps, alpha * exp(-entropy))`` elementwise, for numpy (``xp=np``: arrays or
+        scalars) or torch (``xp=torch``) entropies, in their dtype.
+
+        Why here: the rule is written once per array family, so a backend asks the value for
+        its threshold instead of reading its fields (a new option changes this method only).
+        """
+        scaled = xp.exp(-entropy) * self.alpha
+        return np.minimum(scaled, self.eps) if xp is np else scaled.clamp(max=self.eps)
+
+    def kernel_scalars(self) -> tuple[float, float]:
+        """``(eps, alpha)``: the order in which compiled kernels take the parameters (numba's
+        options record, Triton's scalar arguments, OpenVINO's ``typical`` graph input), whose
+        own code then applies :meth:`threshold`'s rule."""
+        return self.eps, self.alpha
+
+    def __str__(self) -> str:
+        return f"eps={self.eps:g} alpha={self.alpha:g}"
+
 
 DEFAULT_TYPICAL = TypicalParams()
 
@@ -72,6 +93,19 @@ class VerifyOptions:
 
 
 DEFAULT_OPTIONS = VerifyOptions()
+
+
+def options_alone(options: Any, method: Any, typical_eps: Any, typical_alpha: Any,
+                  default_method: str = "auto") -> VerifyOptions:
+    """``options``, checked to be a :class:`VerifyOptions` given without the keywords it
+    stands for (a caller passing both would have one of them silently ignored)."""
+    if not isinstance(options, VerifyOptions):
+        raise TypeError(f"options must be a VerifyOptions, got {type(options).__name__}")
+    if (method != default_method or typical_eps is not DEFAULT_TYPICAL.eps
+            or typical_alpha is not DEFAULT_TYPICAL.alpha):
+        raise ValueError("give the method and typical parameters either as options= or as "
+                         "method= / typical_eps= / typical_alpha=, not both")
+    return options
 
 
 @dataclass(frozen=True)

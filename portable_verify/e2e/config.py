@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
 from portable_verify.core.types import DEFAULT_TYPICAL, TypicalParams
@@ -142,7 +142,7 @@ class E2EConfig:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["ks"] = list(self.ks)
         data["trees"] = list(self.trees)
-        data["typical"] = {"eps": self.typical.eps, "alpha": self.typical.alpha}
+        data["typical"] = asdict(self.typical)
         return data
 
 

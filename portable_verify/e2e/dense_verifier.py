@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from portable_verify.bench.dense import dense_verify
-from portable_verify.core.types import DEFAULT_TYPICAL, PLACEHOLDER_TOKEN_ID, VerifyResult
+from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyOptions, VerifyResult
 
 
 def dense_verifier(seed: int) -> Any:
@@ -26,8 +26,11 @@ def dense_verifier(seed: int) -> Any:
     def verifier(draft_token_ids: torch.Tensor, *, target_logits: torch.Tensor | None = None,
                  target_probs: torch.Tensor | None = None,
                  draft_probs: torch.Tensor | None = None, method: str = "rejection",
-                 temperature: Any = None, typical_eps: float = DEFAULT_TYPICAL.eps,
-                 typical_alpha: float = DEFAULT_TYPICAL.alpha, **_: Any) -> VerifyResult:
+                 temperature: Any = None, options: VerifyOptions | None = None,
+                 **_: Any) -> VerifyResult:
+        if options is None:
+            options = VerifyOptions(method)
+        method = options.method
         target = target_logits if target_logits is not None else target_probs
         if target is None:
             raise ValueError("give target_logits or target_probs")
@@ -36,7 +39,7 @@ def dense_verifier(seed: int) -> Any:
         tokens = dense_verify(
             draft_token_ids, target_logits=target_logits, target_probs=target_probs,
             draft_probs=draft_probs, method="rejection" if method == "auto" else method,
-            temperature=temperature, typical_eps=typical_eps, typical_alpha=typical_alpha,
+            temperature=temperature, typical=options.typical,
             generator=generators[target.device],
         )
         emitted = (tokens != PLACEHOLDER_TOKEN_ID).sum(1)

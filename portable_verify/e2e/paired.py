@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from portable_verify import VerifyResult, verify
+from portable_verify import VerifyOptions, VerifyResult, verify
 
 PAIRED_METHODS: tuple[str, str] = ("block", "rejection")
 """What ``e2e --method block`` runs, alternated: block first in the name, its baseline second."""
@@ -43,7 +43,9 @@ class ShadowVerifier:
         result = verify(draft_token_ids, **kwargs)
         t0 = self.clock()
         other_method = PAIRED_METHODS[1] if self.method == PAIRED_METHODS[0] else PAIRED_METHODS[0]
-        shadow = verify(draft_token_ids, **{**kwargs, "method": other_method})
+        same = {name: value for name, value in kwargs.items()
+                if name not in ("method", "options")}  # the other rule, on the same arguments
+        shadow = verify(draft_token_ids, options=VerifyOptions(other_method), **same)
         self.other.append(shadow.num_accepted)
         self.own.append(result.num_accepted)
         self.shadow_time_s += self.clock() - t0

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from portable_verify.bench import environment
+from portable_verify.core.types import VerifyOptions
 from portable_verify.e2e.config import E2EConfig
 from portable_verify.e2e.dense_verifier import dense_verifier
 from portable_verify.e2e.paired import PAIRED_METHODS, ShadowVerifier, mean_interval
@@ -212,9 +213,9 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
         verifier = dense_verifier(seed) if run.verifier == "dense" else shadow
         out = hf.speculative_generate(
             engines.target, engines.draft, ids, attention_mask=mask, max_new_tokens=n,
-            k=run.k, method=run.method, temperature=cfg.temperature, seed=seed,
-            verifier=verifier, eos_token_id=eos, pad_token_id=pad,
-            typical_eps=cfg.typical.eps, typical_alpha=cfg.typical.alpha, clock=clock)
+            k=run.k, options=VerifyOptions(run.method, cfg.typical),
+            temperature=cfg.temperature, seed=seed, verifier=verifier, eos_token_id=eos,
+            pad_token_id=pad, clock=clock)
         if shadow is not None:  # the shadow call is the measurement's, not the run's
             out.metrics.verify_time_s -= shadow.shadow_time_s
             out.metrics.decode_time_s -= shadow.shadow_time_s

@@ -32,7 +32,13 @@ import torch
 
 from portable_verify import verify
 from portable_verify.core import arguments, rng
-from portable_verify.core.types import DEFAULT_TYPICAL, VerifyResult
+from portable_verify.core.types import (
+    DEFAULT_TYPICAL,
+    TypicalParams,
+    VerifyOptions,
+    VerifyResult,
+    options_alone,
+)
 
 LOOP_METHODS: tuple[str, ...] = ("greedy", "rejection", "typical", "block")
 PROB_METHODS: frozenset[str] = frozenset({"rejection", "block"})
@@ -328,6 +334,20 @@ def _pad_id(pad_token_id: int | None, eos: frozenset[int]) -> int:
     return min(eos) if eos else 0
 
 
+def _loop_options(method: str, typical_eps: float, typical_alpha: float,
+                  options: VerifyOptions | None) -> VerifyOptions:
+    """The loop's one options value: ``options`` itself, or the keywords' (never both)."""
+    if options is None:
+        if method not in LOOP_METHODS:
+            raise ValueError(f"method must be one of {LOOP_METHODS}, got {method!r}")
+        return VerifyOptions(method, TypicalParams(typical_eps, typical_alpha))
+    options = options_alone(options, method, typical_eps, typical_alpha, default_method="greedy")
+    if options.method not in LOOP_METHODS:
+        raise ValueError(f"options.method must be one of {LOOP_METHODS}, got "
+                         f"{options.method!r}")
+    return options
+
+
 @torch.inference_mode()
 def speculative_generate(
     target_model: Any,
@@ -348,6 +368,7 @@ def speculative_generate(
     validate: bool = False,
     fast_head: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    options: VerifyOptions | None = None,
 ) -> GenerateResult:
     """Generate up to ``max_new_tokens`` per row with ``k`` draft tokens per step.
 
@@ -363,7 +384,11 @@ def speculative_generate(
         temperature: float or ``[B]``; rows at 0 decode greedily; ignored for ``"greedy"``.
         seed: int, ``[B]`` ints (per request) or None (torch's generator); step ``s`` passes
             ``seed_offset=s`` to the verifier, so every step draws fresh numbers.
-        verifier: a callable with :func:`portable_verify.verify`'s signature (default).
+        typical_eps, typical_alpha: typical acceptance's options (kept for compatibility).
+        options: the method and its parameters as one :class:`VerifyOptions` value, instead
+            of ``method`` / ``typical_eps`` / ``typical_alpha``.
+        verifier: a callable with :func:`portable_verify.verify`'s signature (default); it
+            receives the options as ``options=``.
         validate: forwarded to the verifier (False: trusted inputs, no extra host sync).
         fast_head: compute LM heads as ``W @ h.T`` where the architecture allows (see
             :class:`_Forward`; off by default).
@@ -375,8 +400,8 @@ def speculative_generate(
         ``target_model.generate(input_ids, do_sample=False, ...)`` token for token (up to
         argmax near-ties that differently shaped matmuls round apart; tested).
     """
-    if method not in LOOP_METHODS:
-        raise ValueError(f"method must be one of {LOOP_METHODS}, got {method!r}")
+    options = _loop_options(method, typical_eps, typical_alpha, options)
+    method = options.method
     k = _check_int("k", k, 1)
     max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
     ids, mask = _check_prompt(input_ids, attention_mask)
@@ -446,12 +471,10 @@ def speculative_generate(
             draft_ids,
             target_logits=t_logits,
             draft_probs=torch.stack(qs, 1) if method in PROB_METHODS else None,
-            method=method,
+            options=options,
             temperature=verify_temp,
             seed=seeds,
             seed_offset=step,
-            typical_eps=typical_eps,
-            typical_alpha=typical_alpha,
             validate=validate,
         )
         metrics.verify_time_s += clock() - tv

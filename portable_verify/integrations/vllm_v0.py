@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -34,6 +36,8 @@ from portable_verify.core.metrics import MetricsAccumulator
 from portable_verify.core.types import (
     DEFAULT_TYPICAL,
     PLACEHOLDER_TOKEN_ID,
+    TypicalParams,
+    VerifyOptions,
     VerifyResult,
 )
 from portable_verify.integrations.generator_seeds import seeds_from_generators
@@ -45,6 +49,8 @@ _V0_STOCHASTIC_BASE = ("vllm.model_executor.layers.spec_decode_base_sampler",
 
 class _SpecDecodeSampler(torch.nn.Module):
     """Shared checks, bonus handling and counters of the two vLLM-compatible samplers."""
+
+    _options: VerifyOptions  # the method and its parameters, set by each sampler once
 
     def __init__(self, strict_mode: bool = False, backend: str = "auto") -> None:
         super().__init__()
@@ -138,6 +144,33 @@ class _SpecDecodeSampler(torch.nn.Module):
             if lo_hi[0] < 0 or lo_hi[1] >= v:
                 raise ValueError(f"bonus_token_ids must lie in [0, {v}), got range {lo_hi}")
 
+    def _decide(
+        self,
+        target_with_bonus_probs: torch.Tensor,
+        bonus_token_ids: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        draft_token_ids: torch.Tensor,
+        randomness: Callable[[int, int, torch.device], dict[str, Any]],
+    ) -> torch.Tensor:
+        """Both samplers' step: vLLM's checks, one ``verify`` call with this sampler's options
+        and ``randomness(B, K, device)``'s arguments, then the caller's bonus tokens."""
+        if self._strict_mode:
+            self._check(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
+        b, k = draft_token_ids.shape
+        device = target_with_bonus_probs.device
+        if b == 0:
+            return torch.empty((0, k + 1), dtype=self.token_id_dtype, device=device)
+        result = verify(
+            draft_token_ids,
+            target_probs=target_with_bonus_probs,
+            draft_probs=draft_probs if self._options.sampled_method == "rejection" else None,
+            options=self._options,
+            backend=self.backend,
+            validate="full" if self._strict_mode else False,
+            **randomness(b, k, device),
+        )
+        return self._finish(result, bonus_token_ids)
+
     def _finish(self, result: VerifyResult, bonus_token_ids: torch.Tensor) -> torch.Tensor:
         """Put the caller's bonus token where every draft was accepted; update the counters."""
         tokens = result.token_ids
@@ -179,6 +212,7 @@ class RejectionSampler(_SpecDecodeSampler):
         self, strict_mode: bool = False, use_flashinfer: bool | None = None, backend: str = "auto"
     ) -> None:
         super().__init__(strict_mode=strict_mode, backend=backend)
+        self._options = VerifyOptions("rejection")
         self.use_flashinfer = False  # vLLM's attribute; portable_verify's backend decides
         _warn_if_seeds_will_be_dropped(self)
 
@@ -206,23 +240,9 @@ class RejectionSampler(_SpecDecodeSampler):
                 outputs whatever the other rows are; other rows use fresh seeds from torch's
                 global generator.
         """
-        if self._strict_mode:
-            self._check(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
-        b, k = draft_token_ids.shape
-        device = target_with_bonus_probs.device
-        if b == 0:
-            return torch.empty((0, k + 1), dtype=self.token_id_dtype, device=device)
-        seeds = seeds_from_generators(seeded_seqs, b, device)
-        result = verify(
-            draft_token_ids,
-            target_probs=target_with_bonus_probs,
-            draft_probs=draft_probs,
-            method="rejection",
-            seed=seeds,
-            backend=self.backend,
-            validate="full" if self._strict_mode else False,
-        )
-        return self._finish(result, bonus_token_ids)
+        return self._decide(
+            target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
+            lambda b, _k, device: {"seed": seeds_from_generators(seeded_seqs, b, device)})
 
 
 class TypicalAcceptanceSampler(_SpecDecodeSampler):
@@ -247,8 +267,10 @@ class TypicalAcceptanceSampler(_SpecDecodeSampler):
         backend: str = "auto",
     ) -> None:
         super().__init__(strict_mode=strict_mode, backend=backend)
-        self._posterior_threshold = float(posterior_threshold)
+        self._posterior_threshold = float(posterior_threshold)  # vLLM's attributes
         self._posterior_alpha = float(posterior_alpha)
+        self._options = VerifyOptions(
+            "typical", TypicalParams(self._posterior_threshold, self._posterior_alpha))
 
     def forward(
         self,
@@ -258,25 +280,12 @@ class TypicalAcceptanceSampler(_SpecDecodeSampler):
         draft_token_ids: torch.Tensor,
     ) -> torch.Tensor:
         """int64 ``[B, K+1]`` as :meth:`RejectionSampler.forward`; ``draft_probs`` is unused."""
-        if self._strict_mode:
-            self._check(target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids)
-        b, k = draft_token_ids.shape
-        device = target_with_bonus_probs.device
-        if b == 0:
-            return torch.empty((0, k + 1), dtype=self.token_id_dtype, device=device)
-        result = verify(
-            draft_token_ids,
-            target_probs=target_with_bonus_probs,
-            method="typical",
-            # The only uniform typical acceptance reads is the bonus draw, which the caller's
-            # bonus token replaces: fixed numbers keep the sampler deterministic.
-            uniforms=torch.ones((b, k + 1), dtype=torch.float32, device=device),
-            typical_eps=self._posterior_threshold,
-            typical_alpha=self._posterior_alpha,
-            backend=self.backend,
-            validate="full" if self._strict_mode else False,
-        )
-        return self._finish(result, bonus_token_ids)
+        # The only uniform typical acceptance reads is the bonus draw, which the caller's bonus
+        # token replaces: fixed numbers keep the sampler deterministic.
+        return self._decide(
+            target_with_bonus_probs, bonus_token_ids, draft_probs, draft_token_ids,
+            lambda b, k, device: {"uniforms": torch.ones((b, k + 1), dtype=torch.float32,
+                                                         device=device)})
 
 
 def _warn_if_seeds_will_be_dropped(sampler: torch.nn.Module) -> None:

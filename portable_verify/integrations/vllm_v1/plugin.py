@@ -43,6 +43,9 @@ ENV_BACKEND = "PORTABLE_VERIFY_VLLM_BACKEND"
 ENV_METHOD = "PORTABLE_VERIFY_VLLM_METHOD"
 ENV_TYPICAL_EPS = "PORTABLE_VERIFY_VLLM_TYPICAL_EPS"
 ENV_TYPICAL_ALPHA = "PORTABLE_VERIFY_VLLM_TYPICAL_ALPHA"
+OPTION_FLAGS = {"--typical-eps": ENV_TYPICAL_EPS, "--typical-alpha": ENV_TYPICAL_ALPHA}
+"""The method's options as ``portable-verify serve`` flags, each setting its variable (a new
+option is a row here, not a change to the command)."""
 VLLM_METHODS = ("rejection", "block", "typical")
 """Rules a sampled request can be verified by inside vLLM (greedy requests stay greedy)."""
 _ON = ("1", "on", "true", "yes", "sampler")
@@ -82,7 +85,7 @@ class Settings:
         """The log line's account of the choice (why block gains nothing without draft probs)."""
         text = f"method {self.method!r}, backend {self.backend!r}"
         if self.method == "typical":
-            text += f", typical eps={self.typical.eps:g} alpha={self.typical.alpha:g}"
+            text += f", typical {self.typical}"
         if self.method == "block":
             text += ("; block gains only with draft probabilities (a draft model with "
                      "draft_sample_method 'probabilistic'): with n-gram or greedy drafts it "

@@ -19,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -43,25 +43,36 @@ def verify_spec_decode_step(
     draft_probs: torch.Tensor | None,
     target_logits: torch.Tensor,
     bonus_token_ids: torch.Tensor,
-    temperature: torch.Tensor | None,
-    all_greedy: bool,
-    all_random: bool,
-    generators: Mapping[int, torch.Generator] | None,
+    sampling_metadata: Any,
+    synthetic_mode: bool = False,
+    synthetic_conditional_rates: torch.Tensor | None = None,
+    use_fp64_gumbel: bool = False,
+    *,
     backend: str = "auto",
     options: VerifyOptions = DEFAULT_OPTIONS,
-    unseeded: torch.Generator | None = None,
+    unseeded: torch.Generator | Callable[[torch.device], torch.Generator] | None = None,
 ) -> torch.Tensor:
     """One vLLM v1 verification step decided by portable_verify: int32 ``[B, max_spec_len+1]``.
 
-    Args mirror vLLM's (``cu_num_draft_tokens`` inclusive, no leading 0; ``num_draft_tokens``
-    a host list; draft id ``-1`` = no proposal). ``temperature`` is only compared with 0
-    (greedy rows): the logits arrive already tempered. Seeded requests (``generators``) with
-    drafts this step draw one seed each from their generator; requests without drafts never
-    touch theirs, as in vLLM, so a request's stream does not depend on its neighbours.
-    ``options`` holds the rule of the sampled rows (``rejection``, ``typical``, ``block``;
-    greedy rows are always greedy) and its parameters; unseeded rows draw their seeds from
-    ``unseeded`` (torch's global generator if None).
+    The positional arguments are vLLM's ``rejection_sample``'s, in its order (this is the one
+    copy of its signature: the replacement passes its arguments on as vLLM gave them):
+    ``cu_num_draft_tokens`` inclusive, no leading 0; ``num_draft_tokens`` a host list; draft
+    id ``-1`` = no proposal. From ``sampling_metadata`` only ``temperature`` (compared with 0:
+    the logits arrive already tempered), ``all_greedy``, ``all_random`` and ``generators`` are
+    read; the synthetic mode's arguments and ``use_fp64_gumbel`` are not (synthetic mode is
+    vLLM's own, see :func:`make_rejection_sample`). Seeded requests with drafts this step draw
+    one seed each from their generator; requests without drafts never touch theirs, as in
+    vLLM, so a request's stream does not depend on its neighbours. ``options`` holds the rule
+    of the sampled rows (``rejection``, ``typical``, ``block``; greedy rows are always greedy)
+    and its parameters; unseeded rows draw their seeds from ``unseeded`` (a generator, or a
+    function of the device giving one; torch's global generator if None).
     """
+    if synthetic_mode:
+        raise NotImplementedError("synthetic acceptance is vLLM's rule: its rejection_sample "
+                                  "decides it")
+    del synthetic_conditional_rates, use_fp64_gumbel  # synthetic mode / vLLM's own draws only
+    temperature = sampling_metadata.temperature
+    all_greedy, all_random = sampling_metadata.all_greedy, sampling_metadata.all_random
     b = len(num_draft_tokens)
     n = draft_token_ids.shape[0]
     k = max_spec_len
@@ -91,8 +102,9 @@ def verify_spec_decode_step(
         options = _greedy(options)
     else:
         skip = frozenset(i for i, m in enumerate(num_draft_tokens) if m == 0)
-        seeds = seeds_from_generators(generators, b, device, skip_rows=skip, check=False,
-                                      fallback=unseeded)
+        seeds = seeds_from_generators(sampling_metadata.generators, b, device, skip_rows=skip,
+                                      check=False,
+                                      fallback=unseeded(device) if callable(unseeded) else unseeded)
         seeds = seeds.numpy() if host else seeds
         if not all_random:
             assert temperature is not None, "vLLM gives per-request temperatures when mixed"
@@ -155,21 +167,13 @@ def make_rejection_sample(
             gen.manual_seed(torch.initial_seed())
         return gen
 
-    def rejection_sample(
-        draft_token_ids: torch.Tensor,
-        num_draft_tokens: list[int],
-        max_spec_len: int,
-        cu_num_draft_tokens: torch.Tensor,
-        draft_probs: torch.Tensor | None,
-        target_logits: torch.Tensor,
-        bonus_token_ids: torch.Tensor,
-        sampling_metadata: Any,
-        synthetic_mode: bool = False,
-        synthetic_conditional_rates: torch.Tensor | None = None,
-        use_fp64_gumbel: bool = False,
-    ) -> torch.Tensor:
+    def rejection_sample(*step: Any, synthetic_mode: bool = False, **named: Any
+                         ) -> torch.Tensor:
+        """vLLM's ``rejection_sample``: its arguments, passed on as given."""
         nonlocal told
         rejection_sample.calls += 1  # type: ignore[attr-defined]
+        # vLLM passes its step positionally; draft_probs is its fifth argument.
+        draft_probs = step[4] if len(step) > 4 else named.get("draft_probs")
         rejection_sample.calls_with_draft_probs += draft_probs is not None  # type: ignore
         start = time.perf_counter()
         if synthetic_mode:
@@ -179,25 +183,10 @@ def make_rejection_sample(
                 logger.info("portable_verify: synthetic acceptance mode is vLLM's benchmarking "
                             "rule, not verification; vLLM's own rejection_sample decides it")
                 told = True
-            out = vllm_rejection_sample(
-                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                draft_probs, target_logits, bonus_token_ids, sampling_metadata,
-                synthetic_mode=synthetic_mode,
-                synthetic_conditional_rates=synthetic_conditional_rates,
-                use_fp64_gumbel=use_fp64_gumbel,
-            )
+            out = vllm_rejection_sample(*step, synthetic_mode=True, **named)
         else:
-            out = verify_spec_decode_step(
-                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens,
-                draft_probs, target_logits, bonus_token_ids,
-                temperature=sampling_metadata.temperature,
-                all_greedy=sampling_metadata.all_greedy,
-                all_random=sampling_metadata.all_random,
-                generators=sampling_metadata.generators,
-                backend=backend,
-                options=options,
-                unseeded=rank_shared_generator(target_logits.device),
-            )
+            out = verify_spec_decode_step(*step, backend=backend, options=options,
+                                          unseeded=rank_shared_generator, **named)
         # Host time per call (on accelerators: launch time), for serve-check's report.
         rejection_sample.seconds += time.perf_counter() - start  # type: ignore[attr-defined]
         return out

@@ -12,8 +12,8 @@ import torch
 import portable_verify as pv
 from portable_verify.testing.cases.tree_cases import random_tree_call
 from portable_verify.testing.checks.reference_comparison import host
-from portable_verify.testing.checks.tree_exact import tree_skip
-from portable_verify.testing.kit import CheckResult, check, summarize
+from portable_verify.testing.checks.tree_exact import tree_check
+from portable_verify.testing.kit import CheckResult, summarize
 
 Edit = Callable[[dict[str, Any]], None]
 
@@ -105,12 +105,10 @@ def expect_tree_error(call: dict[str, Any], backend: str, argument: str,
     return "no error"
 
 
-@check("tree.bad_input_raises")
+@tree_check("tree.bad_input_raises")
 def tree_bad_input_raises(backend: str, quick: bool) -> CheckResult:
     """Every bad tree argument raises the documented error naming it (validate=True)."""
     name = "tree.bad_input_raises"
-    if (skipped := tree_skip(name, backend)) is not None:
-        return skipped
     pv.verify_tree(**valid_tree_call(), backend=backend)  # the unedited call is accepted
     failures = []
     for label, edit, argument, error in TREE_BAD_CASES:
@@ -123,13 +121,11 @@ def tree_bad_input_raises(backend: str, quick: bool) -> CheckResult:
     return CheckResult(name, not failures, detail, {"cases": len(TREE_BAD_CASES)})
 
 
-@check("tree.unvalidated_garbage")
+@tree_check("tree.unvalidated_garbage")
 def tree_unvalidated_garbage(backend: str, quick: bool) -> CheckResult:
     """validate=False on garbage trees (bad parents, ids, counts, NaN rows) never crashes, and
     every emitted id lies in [0, V) with the documented shapes."""
     name = "tree.unvalidated_garbage"
-    if (skipped := tree_skip(name, backend)) is not None:
-        return skipped
     gen = np.random.default_rng(20261204)
     failures = []
     cases = 30 if quick else 120

@@ -9,6 +9,8 @@ boundary, where the two computations may round differently. Such rows are counte
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -17,7 +19,7 @@ import torch
 import portable_verify as pv
 from portable_verify.testing.cases.tree_cases import MODES, chain_parents, random_tree_call
 from portable_verify.testing.checks.reference_comparison import REFERENCE, host
-from portable_verify.testing.kit import CheckResult, check, summarize
+from portable_verify.testing.kit import CheckFn, CheckResult, check, summarize
 
 CASE_SEED = 20261201
 QUICK_CASES, FULL_CASES = 40, 240
@@ -27,11 +29,20 @@ ten interpreted launches, ~0.3 s each): 60 chain calls in every method and mode.
 NEAR = 1e-4
 
 
-def tree_skip(name: str, backend: str) -> CheckResult | None:
-    """A skipped verdict for a backend that does not verify trees, else None."""
-    if not pv.get_backend(backend).traits.supports_trees:
-        return CheckResult(name, True, "the backend does not verify trees", skipped=True)
-    return None
+def tree_check(name: str, **options: Any) -> Callable[[CheckFn], CheckFn]:
+    """:func:`~portable_verify.testing.kit.check` for a tree check: a backend that does not
+    verify trees (``traits.supports_trees`` False) gets a skipped verdict instead of a run."""
+
+    def register(fn: CheckFn) -> CheckFn:
+        @functools.wraps(fn)
+        def on_tree_backends(backend: str, quick: bool) -> CheckResult:
+            if not pv.get_backend(backend).traits.supports_trees:
+                return CheckResult(name, True, "the backend does not verify trees", skipped=True)
+            return fn(backend, quick)
+
+        return check(name, **options)(on_tree_backends)
+
+    return register
 
 
 def _answer(res: pv.TreeResult) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -50,12 +61,10 @@ def _near_boundary(call: dict[str, Any], method: str, row: int) -> bool:
     return False
 
 
-@check("tree.exact")
+@tree_check("tree.exact")
 def tree_exact(backend: str, quick: bool) -> CheckResult:
     """verify_tree equals the reference in every children mode and method (random trees)."""
     name = "tree.exact"
-    if (skipped := tree_skip(name, backend)) is not None:
-        return skipped
     rng = np.random.default_rng(CASE_SEED)
     failures: list[str] = []
     rows = excused = 0
@@ -86,13 +95,11 @@ def tree_exact(backend: str, quick: bool) -> CheckResult:
     return CheckResult(name, not failures, detail, {"rows": rows, "excused": excused})
 
 
-@check("tree.chain_equals_verify")
+@tree_check("tree.chain_equals_verify")
 def chain_equals_verify(backend: str, quick: bool) -> CheckResult:
     """On chains, verify_tree gives verify's tokens on the same backend, in every method and
     children mode, with seeds (not only explicit uniforms)."""
     name = "tree.chain_equals_verify"
-    if (skipped := tree_skip(name, backend)) is not None:
-        return skipped
     rng = np.random.default_rng(CASE_SEED + 1)
     failures: list[str] = []
     calls = 0
@@ -152,12 +159,10 @@ def brute_force_greedy(tokens: np.ndarray, parents: np.ndarray, n: int, argmax: 
     return on_path[deepest], int(argmax[deepest])
 
 
-@check("tree.greedy_brute_force")
+@tree_check("tree.greedy_brute_force")
 def greedy_brute_force(backend: str, quick: bool) -> CheckResult:
     """Greedy trees equal a brute-force search for the greedy path (random trees)."""
     name = "tree.greedy_brute_force"
-    if (skipped := tree_skip(name, backend)) is not None:
-        return skipped
     rng = np.random.default_rng(CASE_SEED + 2)
     failures: list[str] = []
     rows = 0

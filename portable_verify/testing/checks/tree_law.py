@@ -23,7 +23,7 @@ import numpy as np
 
 import portable_verify as pv
 from portable_verify.testing.checks.reference_comparison import host
-from portable_verify.testing.checks.tree_exact import tree_skip
+from portable_verify.testing.checks.tree_exact import tree_check
 from portable_verify.testing.kit import CheckResult, check
 from portable_verify.testing.stats.chi_square import FitResult, _scipy_stats, chi_square_fit
 from portable_verify.testing.stats.tree_controls import TREE_CONTROLS, TREE_POSITIVE, registered
@@ -67,12 +67,10 @@ def estimated_power(fit: FitResult) -> float:
     return float(stats.ncx2.sf(critical, fit.df, noncentrality)) if noncentrality else fit.alpha
 
 
-@check("stat.tree_law")
+@tree_check("stat.tree_law")
 def tree_law(backend: str, quick: bool) -> CheckResult:
     """verify_tree's emitted sequences follow the target's law for each children mode."""
     name = "stat.tree_law"
-    if (skipped := tree_skip(name, backend)) is not None:
-        return skipped
     trials = QUICK_TRIALS if quick else FULL_TRIALS
     fits = [_fit(mode, backend, mode, trials, ALPHA / len(MODES), SEED + i)[0]
             for i, mode in enumerate(MODES)]

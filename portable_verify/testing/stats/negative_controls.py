@@ -39,7 +39,19 @@ POSITIVE_CONTROLS: dict[str, Rule] = {POSITIVE_CONTROL: EXACT, "_exact_block_rul
 """The same test double with each correct rule: it must pass every check."""
 
 
-class RuleBackend(Backend):
+class ControlBackend(Backend):
+    """A test double registered under its own name, deciding by a (deliberately wrong) rule."""
+
+    def __init__(self, name: str, rule: object) -> None:
+        super().__init__()
+        self.name = name  # type: ignore[misc]
+        self.rule = rule
+
+    def availability(self) -> Availability:
+        return Availability(True, "test double")
+
+
+class RuleBackend(ControlBackend):
     """Rejection sampling with dense ``p`` and ``q`` rows and a configurable (wrong) rule.
 
     Sampled rows only (these backends never see greedy rows in the statistical scenarios).
@@ -48,14 +60,7 @@ class RuleBackend(Backend):
     array_kind = "torch"
     description = "a statistical negative control (not a real backend)"
     traits = BackendTraits(sampled_methods=("rejection", "typical", "block"))
-
-    def __init__(self, name: str, rule: Rule) -> None:
-        super().__init__()
-        self.name = name  # type: ignore[misc]
-        self.rule = rule
-
-    def availability(self) -> Availability:
-        return Availability(True, "test double")
+    rule: Rule
 
     def run(self, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
         x = inputs.draft_token_ids
@@ -93,14 +98,7 @@ class RuleBackend(Backend):
         else:
             residual = bonus_w = p_a
         weights = torch.where((a < n).unsqueeze(1), residual, bonus_w)
-        c = torch.cumsum(weights, 1)
-        final = torch.searchsorted(c, (u[:, k] * c[:, -1]).unsqueeze(1)).squeeze(1)
-        final = final.clamp(max=p.shape[-1] - 1)
-        pos = torch.arange(k + 1)
-        padded = torch.cat([x, x.new_zeros(b, 1)], 1)
-        tokens = torch.where(pos < a.unsqueeze(1), padded, final.unsqueeze(1))
-        tokens = tokens.masked_fill(pos > a.unsqueeze(1), PLACEHOLDER_TOKEN_ID)
-        return tokens, a
+        return _draw_and_emit(x, a, weights, u[:, k])
 
 
     def _block(self, x: torch.Tensor, n: torch.Tensor, p: torch.Tensor, q: torch.Tensor,
@@ -147,13 +145,22 @@ class RuleBackend(Backend):
             weights = torch.where((a < n).unsqueeze(1), residual, p_a)
         else:
             weights = p_a
-        c = torch.cumsum(weights, 1)
-        final = torch.searchsorted(c, (u[:, k] * c[:, -1]).unsqueeze(1)).squeeze(1)
-        final = final.clamp(max=p.shape[-1] - 1)
-        pos1 = torch.arange(k + 1)
-        padded = torch.cat([x, x.new_zeros(b, 1)], 1)
-        tokens = torch.where(pos1 < a.unsqueeze(1), padded, final.unsqueeze(1))
-        return tokens.masked_fill(pos1 > a.unsqueeze(1), PLACEHOLDER_TOKEN_ID), a
+        return _draw_and_emit(x, a, weights, u[:, k])
+
+
+def _draw_and_emit(x: torch.Tensor, a: torch.Tensor, weights: torch.Tensor,
+                   v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(token_ids, a)``: each row's ``a`` accepted drafts, then the inverse-CDF draw at ``v``
+    from its ``weights`` (a plain float32 cumulative sum: a control's law is judged
+    statistically, not token for token), then placeholders."""
+    b, k = x.shape
+    c = torch.cumsum(weights, 1)
+    final = torch.searchsorted(c, (v * c[:, -1]).unsqueeze(1)).squeeze(1)
+    final = final.clamp(max=weights.shape[-1] - 1)
+    pos = torch.arange(k + 1)
+    padded = torch.cat([x, x.new_zeros(b, 1)], 1)
+    tokens = torch.where(pos < a.unsqueeze(1), padded, final.unsqueeze(1))
+    return tokens.masked_fill(pos > a.unsqueeze(1), PLACEHOLDER_TOKEN_ID), a
 
 
 def _target_probs(inputs: VerifyInputs) -> torch.Tensor:

@@ -18,8 +18,9 @@ from contextlib import contextmanager
 import numpy as np
 
 import portable_verify as pv
-from portable_verify.backends.base import Availability, Backend, BackendTraits
+from portable_verify.backends.base import BackendTraits
 from portable_verify.core.tree import TreeInputs
+from portable_verify.testing.stats.negative_controls import ControlBackend
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,18 +41,11 @@ class TreeRule:
     sglang: tuple[float, float] | None = None
 
 
-class TreeRuleBackend(Backend):
+class TreeRuleBackend(ControlBackend):
     array_kind = "numpy"
     description = "a statistical negative control for trees (not a real backend)"
     traits = BackendTraits(supports_trees=True)
-
-    def __init__(self, name: str, rule: TreeRule) -> None:
-        super().__init__()
-        self.name = name  # type: ignore[misc]
-        self.rule = rule
-
-    def availability(self) -> Availability:
-        return Availability(True, "test double")
+    rule: TreeRule
 
     def run(self, inputs):  # type: ignore[no-untyped-def]
         raise NotImplementedError("a tree control verifies trees only")
