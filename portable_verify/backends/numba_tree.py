@@ -274,9 +274,8 @@ def tree_arrays(inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     mode = CHILDREN_CODES[inputs.children]
     q = target if q is None or mode == 0 else host_array(q.detach().float(), np.float32)
     record = options_record(is_logits=inputs.target_is_logits, all_greedy=inputs.all_greedy,
-                            typical=inputs.sampled_method == "typical",
-                            check=inputs.check_read_values, atol=atol, q_atol=q_atol,
-                            **vars(inputs.typical))  # eps, alpha
+                            typical=inputs.typical if inputs.sampled_method == "typical" else None,
+                            check=inputs.check_read_values, atol=atol, q_atol=q_atol)
     u = EMPTY_F32_2 if inputs.uniforms is None else host_array(inputs.uniforms, np.float32)
     width = inputs.width
     tokens = np.empty((b, width), dtype=np.int64)
