@@ -49,6 +49,8 @@ DRAW_COUNTER = rng.DRAW_COUNTER  # the draw's counter; acceptance at position j 
 DRAW_BLOCK = constants.DRAW_BLOCK
 TEMP_LOW = constants.FLOAT32_TINY
 TEMP_HIGH = constants.FLOAT32_MAX
+TILE = 16 * DRAW_BLOCK  # fused passes: one row call per tile (a call per draw block costs
+# more than it saves), the tile's draw-block sums taken while it is in L1/L2
 ONE_KEY = np.int32(0x3F800000)  # the order key (numba_math) of 1.0: its float32 bits
 
 EMPTY_ROWS = np.empty((0, 0), dtype=np.int64)
@@ -174,32 +176,29 @@ def _pick(w, sums, total, v, zero_at):
 
 @numba.njit(inline="always", **JIT)
 def _exp_sums(row, m, tf, out, sums):
-    """:func:`numba_math.exp_sum` block by block, each draw block's float64 sum (the draw's
-    first level, kept in ``sums``) taken while the block is in L1: a later draw from ``out``
-    reads only its crossing block. Returns the total (the softmax normaliser)."""
+    """:func:`numba_math.exp_sum` tile by tile (:data:`TILE`), each draw block's float64 sum
+    (the draw's first level, kept in ``sums``) taken while the tile is in cache: a later draw
+    from ``out`` reads only its crossing block. Returns the total (the softmax normaliser)."""
     size = row.shape[0]
     m32 = np.float32(m)
     total = 0.0
-    for b in range(sums.shape[0]):
-        lo = b * DRAW_BLOCK
-        hi = min(size, lo + DRAW_BLOCK)
+    for lo in range(0, size, TILE):
+        hi = min(size, lo + TILE)
         _exp_row(row[lo:hi], m32, tf, out[lo:hi])
-        sums[b] = _block_sum(out[lo:hi])
-        total += sums[b]
+        total += _tile_sums(out, sums, lo, hi)
     return total
 
 
 @numba.njit(inline="always", **JIT)
 def _residual_sums(p, scale, q, out, sums, stats):
-    """``out = max(p / scale - q, 0)`` with each draw block's sum in ``sums``, block by block
+    """``out = max(p / scale - q, 0)`` with each draw block's sum in ``sums``, tile by tile
     (as :func:`_exp_sums`); with ``stats`` also :func:`numba_math.residual_stats`'s checks of
     both probability rows, on the same pass. ``(bad_p, total_p, bad_q, total_q, total)``."""
     size = p.shape[0]
     bad_p = bad_q = False
     total_p = total_q = total = 0.0
-    for b in range(sums.shape[0]):
-        lo = b * DRAW_BLOCK
-        hi = min(size, lo + DRAW_BLOCK)
+    for lo in range(0, size, TILE):
+        hi = min(size, lo + TILE)
         if stats:
             block_bad_p, block_p, block_bad_q, block_q = residual_stats(p[lo:hi], q[lo:hi],
                                                                         out[lo:hi])
@@ -209,9 +208,19 @@ def _residual_sums(p, scale, q, out, sums, stats):
             total_q += block_q
         else:
             residual(p[lo:hi], scale, q[lo:hi], out[lo:hi])
-        sums[b] = _block_sum(out[lo:hi])
-        total += sums[b]
+        total += _tile_sums(out, sums, lo, hi)
     return bad_p, total_p, bad_q, total_q, total
+
+
+@numba.njit(inline="always", **JIT)
+def _tile_sums(out, sums, lo, hi):
+    """The draw-block sums of ``out[lo:hi]`` (``lo`` a multiple of :data:`TILE`) into
+    ``sums``, while the tile is still in cache; returns their total."""
+    total = 0.0
+    for b in range(lo // DRAW_BLOCK, (hi + DRAW_BLOCK - 1) // DRAW_BLOCK):
+        sums[b] = _block_sum(out[b * DRAW_BLOCK:min(hi, (b + 1) * DRAW_BLOCK)])
+        total += sums[b]
+    return total
 
 
 @numba.njit(inline="always", **JIT)
