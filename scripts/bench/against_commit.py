@@ -19,6 +19,7 @@ separates a kernel's row passes from the per-call cost around it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import statistics
@@ -63,8 +64,7 @@ def _kernels(inputs: object, variant: object) -> tuple:
     if not logits:
         kwargs["q"] = inputs.draft_probs.numpy().reshape(-1, target.shape[1])  # type: ignore
     if variant.method == "typical":  # type: ignore[attr-defined]
-        typical = DEFAULT_TYPICAL
-        kwargs.update(typical=True, eps=typical.eps, alpha=typical.alpha)
+        kwargs.update(typical=True, **dataclasses.asdict(DEFAULT_TYPICAL))  # the kernel's fields
     drafts = inputs.drafts.numpy()  # type: ignore[attr-defined]
     return (lambda: torch.from_numpy(ours(target, logits, drafts, **kwargs)[0]),
             lambda: torch.from_numpy(theirs(target, logits, drafts, **kwargs)[0]))
