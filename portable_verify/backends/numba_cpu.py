@@ -174,10 +174,13 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     target = host_array(target, np.float32).reshape(-1, v)
     record = options_record(is_logits=is_logits, **options)
     kernel = numba_block.decide_block if block else kernels.decide
-    error = run_split(kernel, b, threads_for(b * k * v, b),
-                      (target, rows, host_array(drafts, np.int64), counts, q, qrows, temps,
-                       uniforms, seeds, offsets, bonus, record),
-                      (tokens, accepted, emitted, out_counts))
+    before = (target, rows, host_array(drafts, np.int64), counts, q, qrows, temps, uniforms,
+              seeds, offsets, bonus, record)
+    if b * k * v < PARALLEL_MIN_VALUES:  # the common small call: no thread bookkeeping
+        error = kernel(*before, 0, b, tokens, accepted, emitted, out_counts)
+    else:
+        error = run_split(kernel, b, threads_for(b * k * v, b), before,
+                          (tokens, accepted, emitted, out_counts))
     return tokens, accepted, emitted, out_counts, error == 0
 
 
@@ -196,10 +199,13 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
                                   drafts.data_ptr(), b, k, counts, bonus, check, tokens,
                                   accepted, emitted, out_counts)
     else:
-        target = host_array(target, np.float32).reshape(r, v)
-        error = run_split(kernels.greedy, b, threads_for(b * v, b),
-                          (target, is_logits, host_array(drafts, np.int64), counts, bonus,
-                           check), (tokens, accepted, emitted, out_counts))
+        before = (host_array(target, np.float32).reshape(r, v), is_logits,
+                  host_array(drafts, np.int64), counts, bonus, check)
+        if b * v < PARALLEL_MIN_VALUES:
+            error = kernels.greedy(*before, 0, b, tokens, accepted, emitted, out_counts)
+        else:
+            error = run_split(kernels.greedy, b, threads_for(b * v, b), before,
+                              (tokens, accepted, emitted, out_counts))
     return tokens, accepted, emitted, out_counts, error == 0
 
 

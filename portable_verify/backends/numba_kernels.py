@@ -22,7 +22,10 @@ from numba import types
 from numba.extending import intrinsic
 
 from portable_verify.backends.numba_math import (
+    _CHUNK,
     JIT,
+    _chunk_max,
+    _exp_row,
     entropy,
     exp_sum,
     exp_sum_dot,
@@ -46,6 +49,9 @@ DRAW_COUNTER = rng.DRAW_COUNTER  # the draw's counter; acceptance at position j 
 DRAW_BLOCK = constants.DRAW_BLOCK
 TEMP_LOW = constants.FLOAT32_TINY
 TEMP_HIGH = constants.FLOAT32_MAX
+TILE = 16 * DRAW_BLOCK  # fused passes: one row call per tile (a call per draw block costs
+# more than it saves), the tile's draw-block sums taken while it is in L1/L2
+ONE_KEY = np.int32(0x3F800000)  # the order key (numba_math) of 1.0: its float32 bits
 
 EMPTY_ROWS = np.empty((0, 0), dtype=np.int64)
 
@@ -110,7 +116,7 @@ def draw(w, v):
     sequential scan only where the threshold lies within float64 rounding of a prefix.
     """
     sums, total, _, _ = _block_sums(w, False)
-    return _pick(w, sums, total, v), total
+    return _pick(w, sums, total, v, -1), total
 
 
 @numba.njit(**JIT)
@@ -118,7 +124,7 @@ def draw_checked(w, v, atol):
     """:func:`draw`, and whether ``w`` is not a distribution (a negative or NaN entry, or a
     total not within ``atol`` of 1), found on the draw's own pass over the row."""
     sums, total, low, has_nan = _block_sums(w, True)
-    return _pick(w, sums, total, v), not _is_distribution(low, has_nan, total, atol)
+    return _pick(w, sums, total, v, -1), not _is_distribution(low, has_nan, total, atol)
 
 
 @numba.njit(inline="always", **JIT)
@@ -144,8 +150,9 @@ def _block_sums(w, with_stats):
 
 
 @numba.njit(inline="always", **JIT)
-def _pick(w, sums, total, v):
-    """The draw's second level: the crossing block from ``sums``, then a scan inside it."""
+def _pick(w, sums, total, v, zero_at):
+    """The draw's second level: the crossing block from ``sums``, then a scan inside it;
+    ``w[zero_at]`` is read as 0 (a residual that is ``w`` less one entry, without a copy)."""
     size = w.shape[0]
     n_blocks = sums.shape[0]
     threshold = np.float64(v) * total
@@ -155,8 +162,9 @@ def _pick(w, sums, total, v):
             last_positive = -1
             start = b * DRAW_BLOCK
             for j in range(start, min(size, start + DRAW_BLOCK)):
-                c += np.float64(w[j])
-                if w[j] > 0:
+                wj = np.float32(0.0) if j == zero_at else w[j]
+                c += np.float64(wj)
+                if wj > 0:
                     last_positive = j
                 if c >= threshold:
                     return j
@@ -164,6 +172,70 @@ def _pick(w, sums, total, v):
             return last_positive if last_positive >= 0 else size - 1
         c += sums[b]
     return size - 1  # NaN weights (validate=False): an id in range
+
+
+@numba.njit(inline="always", **JIT)
+def _exp_sums(row, m, tf, out, sums):
+    """:func:`numba_math.exp_sum` tile by tile (:data:`TILE`), each draw block's float64 sum
+    (the draw's first level, kept in ``sums``) taken while the tile is in cache: a later draw
+    from ``out`` reads only its crossing block. Returns the total (the softmax normaliser)."""
+    size = row.shape[0]
+    m32 = np.float32(m)
+    total = 0.0
+    for lo in range(0, size, TILE):
+        hi = min(size, lo + TILE)
+        _exp_row(row[lo:hi], m32, tf, out[lo:hi])
+        total += _tile_sums(out, sums, lo, hi)
+    return total
+
+
+@numba.njit(inline="always", **JIT)
+def _residual_sums(p, scale, q, out, sums, stats):
+    """``out = max(p / scale - q, 0)`` with each draw block's sum in ``sums``, tile by tile
+    (as :func:`_exp_sums`); with ``stats`` also :func:`numba_math.residual_stats`'s checks of
+    both probability rows, on the same pass. ``(bad_p, total_p, bad_q, total_q, total)``."""
+    size = p.shape[0]
+    bad_p = bad_q = False
+    total_p = total_q = total = 0.0
+    for lo in range(0, size, TILE):
+        hi = min(size, lo + TILE)
+        if stats:
+            block_bad_p, block_p, block_bad_q, block_q = residual_stats(p[lo:hi], q[lo:hi],
+                                                                        out[lo:hi])
+            bad_p = bad_p or block_bad_p
+            bad_q = bad_q or block_bad_q
+            total_p += block_p
+            total_q += block_q
+        else:
+            residual(p[lo:hi], scale, q[lo:hi], out[lo:hi])
+        total += _tile_sums(out, sums, lo, hi)
+    return bad_p, total_p, bad_q, total_q, total
+
+
+@numba.njit(inline="always", **JIT)
+def _tile_sums(out, sums, lo, hi):
+    """The draw-block sums of ``out[lo:hi]`` (``lo`` a multiple of :data:`TILE`) into
+    ``sums``, while the tile is still in cache; returns their total."""
+    total = 0.0
+    for b in range(lo // DRAW_BLOCK, (hi + DRAW_BLOCK - 1) // DRAW_BLOCK):
+        sums[b] = _block_sum(out[b * DRAW_BLOCK:min(hi, (b + 1) * DRAW_BLOCK)])
+        total += sums[b]
+    return total
+
+
+@numba.njit(inline="always", **JIT)
+def _first_one(p):
+    """First ``t`` with ``p[t] >= 1`` (-1 if none): chunk maxima (vectorised) find the first
+    chunk holding one, and only that chunk is scanned (a scalar scan of the row costs ~1 cycle
+    per entry up to the hit)."""
+    n = p.shape[0]
+    for c0 in range(0, n, _CHUNK):
+        c1 = min(n, c0 + _CHUNK)
+        if _chunk_max(p[c0:c1])[0] >= ONE_KEY:  # NaN keys are ignored by the chunk max
+            for t in range(c0, c1):
+                if p[t] >= 1.0:
+                    return t
+    return -1
 
 
 @numba.njit(inline="always", **JIT)
@@ -358,7 +430,8 @@ def _u(explicit_u, key, i, counter_index, counter):
 
 @numba.njit(inline="always", **JIT)
 def _softmax_row(row, tf, scratch, typical, check):
-    """Exponentials of a logits row into ``scratch``: ``(sum, entropy, bad)``."""
+    """Exponentials of a logits row into ``scratch``: ``(sum, entropy, bad)`` (for kernels
+    that draw with :func:`draw`; :func:`_softmax_sums` also keeps the draw's block sums)."""
     m, has_nan = row_max(row)
     bad = check and _bad_logit_max(m, has_nan)
     if typical:
@@ -367,11 +440,24 @@ def _softmax_row(row, tf, scratch, typical, check):
     return exp_sum(row, m, tf, scratch), 0.0, bad
 
 
+@numba.njit(inline="always", **JIT)
+def _softmax_sums(row, tf, scratch, sums, typical, check):
+    """:func:`_softmax_row`, the exponentials' draw-block sums in ``sums`` unless ``typical``
+    (whose rows are never drawn from: a rejection takes the argmax)."""
+    m, has_nan = row_max(row)
+    bad = check and _bad_logit_max(m, has_nan)
+    if typical:
+        s, d = exp_sum_dot(row, m, tf, scratch)
+        return s, math.log(s) - d / s, bad
+    return _exp_sums(row, m, tf, scratch, sums), 0.0, bad
+
+
 @numba.njit(**JIT)
-def accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n, tf, key, scratch):
+def accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n, tf, key, scratch, sums):
     """The first half of ``numpy_ref.verify_one`` for a sampled request: ``(accepted, s,
     error)``, the length of the accepted prefix of its ``n`` drafts and, for logits, the sum
-    of the exponentials of the last row read (they stay in ``scratch``)."""
+    of the exponentials of the last row read (they stay in ``scratch``, their draw-block sums
+    in ``sums``)."""
     k = drafts.shape[1]
     v_size = target.shape[1]
     error = ERROR_NONE
@@ -382,7 +468,7 @@ def accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n, tf, key, 
         in_vocab = x >= 0 and x < v_size
         xc = min(max(x, 0), v_size - 1)
         if o.is_logits:
-            s, h, bad = _softmax_row(row, tf, scratch, o.typical, o.check)
+            s, h, bad = _softmax_sums(row, tf, scratch, sums, o.typical, o.check)
             error = _flag(error, bad)
             px = np.float32(np.float32(scratch[xc]) / np.float32(s))
         else:
@@ -407,34 +493,44 @@ def accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n, tf, key, 
 
 
 @numba.njit(**JIT)
-def _residual_token(p, s, qrow, x, v, o, scratch_residual):
+def _residual_token(p, s, sums, qrow, x, v, o, scratch_residual):
     """After a rejection of draft ``x``: a draw from ``max(p - q, 0)`` (``q`` one-hot at ``x``
-    without draft probabilities), from ``p`` when that is empty. ``(token, error)``."""
+    without draft probabilities), from ``p`` when that is empty. ``(token, error)``. For
+    logits ``sums`` holds the draw-block sums of ``p`` (the exponentials, total ``s``)."""
     error = ERROR_NONE
     in_vocab = x >= 0 and x < p.shape[0]
     if qrow.shape[0] > 0:
-        if o.check and not o.is_logits:  # both rows checked on the residual's pass
-            bad_p, total_p, bad_q, total_q = residual_stats(p, qrow, scratch_residual)
-            error = _flag(error, bad_p or bad_q or not abs(total_p - 1) <= o.atol
-                          or not abs(total_q - 1) <= o.q_atol)
-        else:
-            error = _flag(error, o.check and _not_a_distribution(qrow, o.q_atol))
-            residual(p, s if o.is_logits else 1.0, qrow, scratch_residual)
-        token, total = draw(scratch_residual, v)
-        return (token if total > 0 else draw(p, v)[0]), error
-    error = _flag(error, o.check and not o.is_logits and _not_a_distribution(p, o.atol))
-    scratch_residual[:] = p
-    if in_vocab:
+        stats = o.check and not o.is_logits  # both rows checked on the residual's pass
+        error = _flag(error, o.check and o.is_logits and _not_a_distribution(qrow, o.q_atol))
+        bad_p, total_p, bad_q, total_q, total = _residual_sums(
+            p, s if o.is_logits else 1.0, qrow, scratch_residual, sums, stats)
+        error = _flag(error, stats and (bad_p or bad_q or not abs(total_p - 1) <= o.atol
+                                        or not abs(total_q - 1) <= o.q_atol))
+        if total > 0:
+            return _pick(scratch_residual, sums, total, v, -1), error
+        return draw(p, v)[0], error
+    if not o.is_logits:  # the draw's block sums and the distribution check: one pass
+        sums, s, low, has_nan = _block_sums(p, o.check)
+        error = _flag(error, o.check and not _is_distribution(low, has_nan, s, o.atol))
+    total = s
+    if in_vocab:  # the residual is p less its entry x: only x's block sum changes
+        b = x // DRAW_BLOCK
+        lo = b * DRAW_BLOCK
+        hi = min(p.shape[0], lo + DRAW_BLOCK)
+        scratch_residual[lo:hi] = p[lo:hi]
         scratch_residual[x] = 0.0
-    token, total = draw(scratch_residual, v)
-    if not total > 0:
-        token = x if in_vocab else draw(p, v)[0]
-    return token, error
+        sums[b] = _block_sum(scratch_residual[lo:hi])
+        total = 0.0
+        for c in range(sums.shape[0]):
+            total += sums[c]
+    if total > 0:
+        return _pick(p, sums, total, v, x), error
+    return (x if in_vocab else draw(p, v)[0]), error
 
 
 @numba.njit(**JIT)
 def final_token(target, rows, drafts, q, qrows, explicit_u, o, i, accepted, n, s, tf, key,
-                scratch, scratch_residual):
+                scratch, scratch_residual, sums):
     """The second half of ``numpy_ref.verify_one`` for a sampled request: the token after
     ``accepted`` drafts (typical: the argmax after a rejection; rejection sampling: a draw
     from the residual; all accepted: a draw from the bonus row). ``(token, error)``."""
@@ -446,30 +542,32 @@ def final_token(target, rows, drafts, q, qrows, explicit_u, o, i, accepted, n, s
     p = row  # probabilities: checked as a distribution on the pass that draws from it
     if o.is_logits:
         if not rejected:  # a rejected row's exponentials and sum are still in scratch and s
-            s, _, bad = _softmax_row(row, tf, scratch, False, o.check)
+            s, _, bad = _softmax_sums(row, tf, scratch, sums, False, o.check)
             error = _flag(error, bad)
         p = scratch
     if o.typical and rejected:
         if o.is_logits:  # the argmax is the first exponential equal to exp(0) = 1
-            for t in range(p.shape[0]):
-                if p[t] >= 1.0:
-                    return t, error
+            t = _first_one(p)
+            if t >= 0:
+                return t, error
         return row_argmax(p), error
     if not rejected:
         if o.check and not o.is_logits:
             token, bad = draw_checked(p, v, o.atol)
             return token, _flag(error, bad)
+        if o.is_logits:  # the block sums of the exponentials are in sums, their total is s
+            return _pick(p, sums, s, v, -1), error
         return draw(p, v)[0], error
     qrow = scratch_residual[:0]  # no draft probabilities
     if q.shape[0] > 0:
         qrow = q[_draft_row(qrows, i, accepted, k, q.shape[0])]
-    token, bad = _residual_token(p, s, qrow, drafts[i, accepted], v, o, scratch_residual)
+    token, bad = _residual_token(p, s, sums, qrow, drafts[i, accepted], v, o, scratch_residual)
     return token, max(error, bad)
 
 
 @numba.njit(**JIT)
 def _one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets, bonus,
-         options, i, scratch, scratch_residual, out_tokens, out_accepted, out_emitted,
+         options, i, scratch, scratch_residual, sums, out_tokens, out_accepted, out_emitted,
          out_counts):
     """Request ``i`` from its count to its emission (written once); returns its flag."""
     o = options[0]
@@ -486,12 +584,12 @@ def _one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offse
         tf = np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
         key = _key_of(o, seeds, offsets, explicit_u, i)
         accepted, s, bad = accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n,
-                                         tf, key, scratch)
+                                         tf, key, scratch, sums)
         error = max(error, bad)
         final = 0
         if not (caller_bonus and accepted == n_raw):  # else the caller's draw replaces ours
             final, bad = final_token(target, rows, drafts, q, qrows, explicit_u, o, i,
-                                     accepted, n, s, tf, key, scratch, scratch_residual)
+                                     accepted, n, s, tf, key, scratch, scratch_residual, sums)
             error = max(error, bad)
     if caller_bonus and accepted == n_raw:
         final = bonus[i]
@@ -518,11 +616,12 @@ def decide(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, off
     v_size = target.shape[1]
     scratch = np.empty(v_size, dtype=np.float32)
     scratch_residual = np.empty(v_size, dtype=np.float32)
+    sums = np.empty((v_size + DRAW_BLOCK - 1) // DRAW_BLOCK, dtype=np.float64)
     error = ERROR_NONE
     for i in range(lo, hi):
         error = max(error, _one(target, rows, drafts, counts, q, qrows, temps, explicit_u,
                                 seeds, offsets, bonus, options, i, scratch, scratch_residual,
-                                out_tokens, out_accepted, out_emitted, out_counts))
+                                sums, out_tokens, out_accepted, out_emitted, out_counts))
     return error
 
 

@@ -11,12 +11,15 @@ package name (a copy of its ``portable_verify/`` renamed ``portable_verify_old``
 
 Each cell alternates the two versions call by call (ABAB...) and reports the median ratio
 new/old with the 25-75% spread of the per-round ratios, beside the fixed-cost ratios to a bare
-``torch.argmax`` (issue 13's targets).
+``torch.argmax`` (issue 13's targets). ``--kernel`` times the compiled kernel alone instead:
+both trees' ``numba_cpu.decide_arrays`` on the same host arrays (no front door), which
+separates a kernel's row passes from the per-call cost around it.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib
 import json
 import statistics
@@ -27,6 +30,7 @@ import torch
 import portable_verify as new
 from portable_verify.bench.cases import FULL_SHAPES, QUICK_SHAPES, VARIANTS, make_inputs
 from portable_verify.bench.environment import cpu_flags
+from portable_verify.core.types import DEFAULT_TYPICAL
 
 CLOCK = time.perf_counter
 
@@ -38,19 +42,39 @@ def _time(fn: object, repeat: int) -> float:
     return (CLOCK() - start) / repeat
 
 
-def _cell(old: object, shape: tuple[int, int, int], variant: object, rounds: int) -> dict:
+def _front_doors(old: object, inputs: object, variant: object) -> tuple:
+    """``verify`` of each tree on the cell's inputs, returning the token ids."""
+    kwargs = inputs.verify_kwargs(variant)  # type: ignore[attr-defined]
+    kwargs["seed"] = inputs.seeds  # type: ignore[attr-defined]
+    drafts = inputs.drafts  # type: ignore[attr-defined]
+    return (lambda: new.verify(drafts, **kwargs).token_ids,
+            lambda: old.verify(drafts, **kwargs).token_ids)  # type: ignore[attr-defined]
+
+
+def _kernels(inputs: object, variant: object) -> tuple:
+    """Each tree's ``numba_cpu.decide_arrays`` (the kernel and its host glue) on the same
+    host arrays; both take these keywords."""
+    ours = importlib.import_module("portable_verify.backends.numba_cpu").decide_arrays
+    theirs = importlib.import_module("portable_verify_old.backends.numba_cpu").decide_arrays
+    target = inputs.target.numpy().reshape(-1, inputs.target.shape[-1])  # type: ignore
+    logits = variant.inputs == "logits"  # type: ignore[attr-defined]
+    kwargs = {"seeds": inputs.seeds.numpy(),  # type: ignore[attr-defined]
+              "all_greedy": variant.method == "greedy",  # type: ignore[attr-defined]
+              "temp_scalar": variant.temperature if logits else 1.0}  # type: ignore
+    if not logits:
+        kwargs["q"] = inputs.draft_probs.numpy().reshape(-1, target.shape[1])  # type: ignore
+    if variant.method == "typical":  # type: ignore[attr-defined]
+        kwargs.update(typical=True, **dataclasses.asdict(DEFAULT_TYPICAL))  # the kernel's fields
+    drafts = inputs.drafts.numpy()  # type: ignore[attr-defined]
+    return (lambda: torch.from_numpy(ours(target, logits, drafts, **kwargs)[0]),
+            lambda: torch.from_numpy(theirs(target, logits, drafts, **kwargs)[0]))
+
+
+def _cell(old: object, shape: tuple[int, int, int], variant: object, rounds: int,
+          kernel: bool = False) -> dict:
     inputs = make_inputs(shape, variant, torch.float32, torch.device("cpu"))
-    kwargs = inputs.verify_kwargs(variant)
-    kwargs["seed"] = inputs.seeds
-
-    def ours() -> object:
-        return new.verify(inputs.drafts, **kwargs)
-
-    def theirs() -> object:
-        return old.verify(inputs.drafts, **kwargs)  # type: ignore[attr-defined]
-
-    a = ours().token_ids
-    assert torch.equal(a, theirs().token_ids), "the two versions disagree"
+    ours, theirs = _kernels(inputs, variant) if kernel else _front_doors(old, inputs, variant)
+    assert torch.equal(ours(), theirs()), "the two versions disagree"
     one = max(_time(ours, 3), 1e-7)
     repeat = max(1, int(0.02 / one))
     ratios, new_t, old_t = [], [], []
@@ -75,6 +99,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=11)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--json", default=None)
+    parser.add_argument("--kernel", action="store_true",
+                        help="time numba_cpu.decide_arrays of both trees (no front door)")
+    parser.add_argument("--shapes", default=None, help="override the grid: 'B,K,V;B,K,V'")
+    parser.add_argument("--variants", default=None, help="comma list, e.g. typical/logits")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this thread's CPU time (less sensitive to a shared machine; "
                         "1 thread only)")
@@ -87,16 +115,21 @@ def main() -> None:
 
     old_methods = importlib.import_module("portable_verify_old.core.types").METHODS
     rows = []
-    for shape in QUICK_SHAPES if args.quick else FULL_SHAPES:
-        for variant in (v for v in VARIANTS if v.method in old_methods):
-            row = _cell(old, shape, variant, args.rounds)
+    shapes = QUICK_SHAPES if args.quick else FULL_SHAPES
+    if args.shapes:
+        shapes = tuple(tuple(int(x) for x in s.split(",")) for s in args.shapes.split(";"))
+    wanted = args.variants.split(",") if args.variants else None
+    for shape in shapes:
+        for variant in (v for v in VARIANTS if v.method in old_methods
+                        and (wanted is None or v.label in wanted)):
+            row = _cell(old, shape, variant, args.rounds, args.kernel)
             rows.append(row)
             print(f"{tuple(shape)!s:>18} {row['variant']:<16} new/old "
                   f"{row['new_over_old']:.3f} [{row['q25']:.3f}, {row['q75']:.3f}]", flush=True)
     print(f"threads={args.threads} clock={args.clock} cpu flags: {cpu_flags()}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"threads": args.threads, "rows": rows}, f, indent=1)
+            json.dump({"threads": args.threads, "kernel": args.kernel, "rows": rows}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,8 @@ For each (B, K, V) and method: `verify` on `numba:cpu` and `torch:cpu`, and a ba
 repetition, in turn), wall-clock medians with the spread (min-max) across repetitions.
 Drafts equal the target row's argmax with probability 0.6 per position.
 Also typical from probabilities against an engine-style pass, and the one-thread crossover.
-Run: `python scripts/bench/threads.py [--threads 1,2] [--reps 7] [--shapes 64x4x128256,256x3x32000]
-[--part grid,typical,crossover]`.
+Run: `python scripts/bench/threads.py [--threads 1,2] [--reps 7] [--no-torch]
+[--shapes 64x4x128256,256x3x32000] [--part grid,typical,crossover]`.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def _time(fn: Callable[[], object]) -> float:
     return clock() - start
 
 
-def run(shapes: list[tuple[int, int, int]], threads: list[int], reps: int) -> None:
+def run(shapes: list[tuple[int, int, int]], threads: list[int], reps: int,
+        with_torch: bool = True) -> None:
     with open("/proc/cpuinfo") as info:
         flags = [f for f in info.read().split() if f.startswith(("avx", "fma"))]
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} CPUs, "
@@ -74,6 +75,8 @@ def run(shapes: list[tuple[int, int, int]], threads: list[int], reps: int) -> No
                 "amax": lambda kw=kw: torch.amax(kw.get("target_logits", kw.get("target_probs")),
                                                  -1),
             }
+            if not with_torch:  # torch:cpu's spinning 2-thread calls dominate a loaded run
+                calls.pop("torch")
             times = {(n, c): [] for n in threads for c in calls}
             for n in threads:  # warm-up (compile, pools)
                 torch.set_num_threads(n)
@@ -88,11 +91,12 @@ def run(shapes: list[tuple[int, int, int]], threads: list[int], reps: int) -> No
             for n in threads:
                 spread = "/".join(f"{min(times[(n, c)]) * 1e3:.2f}-{max(times[(n, c)]) * 1e3:.2f}"
                                   for c in calls)
+                torch_ms = med.get((n, "torch"), float("nan"))
                 su = med[(threads[0], "numba")] / med[(n, "numba")]
                 sa = med[(threads[0], "amax")] / med[(n, "amax")]
                 print(f"| ({b},{k},{v}) | {method} | {n} | {med[(n, 'numba')]:.2f} | "
-                      f"{med[(n, 'torch')]:.2f} | {med[(n, 'amax')]:.2f} | {su:.2f}x | "
-                      f"{sa:.2f}x | {su / sa:.2f} | {med[(n, 'numba')] / med[(n, 'torch')]:.2f}"
+                      f"{torch_ms:.2f} | {med[(n, 'amax')]:.2f} | {su:.2f}x | "
+                      f"{sa:.2f}x | {su / sa:.2f} | {med[(n, 'numba')] / torch_ms:.2f}"
                       f" |  <!-- spread ms numba/torch/amax {spread} -->")
 
 
@@ -103,12 +107,15 @@ def main() -> None:
     parser.add_argument("--shapes", default="64x4x128256,256x3x32000")
     parser.add_argument("--part", default="grid,typical,crossover")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall")
+    parser.add_argument("--no-torch", action="store_true",
+                        help="grid: numba:cpu and torch.amax only (no torch:cpu column)")
     args = parser.parse_args()
     CLOCK["clock"] = time.perf_counter if args.clock == "wall" else time.process_time
     print(f"# clock {args.clock}, load average {os.getloadavg()}")
     shapes = [tuple(int(s) for s in shape.split("x")) for shape in args.shapes.split(",")]
     if "grid" in args.part:
-        run(shapes, [int(n) for n in args.threads.split(",")], args.reps)  # type: ignore[arg-type]
+        run(shapes, [int(n) for n in args.threads.split(",")], args.reps,  # type: ignore[arg-type]
+            not args.no_torch)
     if "typical" in args.part:
         typical_probs(args.reps * 3)
     if "crossover" in args.part:
