@@ -8,7 +8,7 @@ import torch
 
 from portable_verify import dispatch
 from portable_verify.api.parse import read_options, target_tensor
-from portable_verify.backends.base import ReadValueError
+from portable_verify.backends.base import Backend, ReadValueError
 from portable_verify.core import arguments, rng
 from portable_verify.core.arguments import ArrayLike, optional_count, to_tensor
 from portable_verify.core.tree import CHILDREN_MODES, Children, TreeInputs, TreeResult
@@ -99,32 +99,31 @@ def verify_tree(
     rides = validate and chosen.traits.checks_tree_reads  # the walk does the value checks
     checked = (tokens, tree_parents, counts, target, target_name, q, max_depth, temps, u,
                explicit_u is not None)
-    if validate and not rides:  # every value check, in one host transfer
-        _check_values(*checked)
     inputs = TreeInputs(
-        node_token_ids=tokens,
-        parents=tree_parents,
-        num_nodes=counts,
-        target=target.reshape(b * n, v),
-        target_is_logits=target_name == "target_logits",
-        draft_probs=None if q is None else q.reshape(b * n, v),
-        children=mode,
-        temperature=temps,
-        all_greedy=all_greedy,
-        none_greedy=none_greedy,
+        node_token_ids=tokens, parents=tree_parents, num_nodes=counts,
+        target=target.reshape(b * n, v), target_is_logits=target_name == "target_logits",
+        draft_probs=None if q is None else q.reshape(b * n, v), children=mode,
+        temperature=temps, all_greedy=all_greedy, none_greedy=none_greedy,
         sampled_method="typical" if method == "typical" else "rejection",
-        uniforms=u,
-        width=width,
-        typical=typical,
-        check_read_values=rides,
+        uniforms=u, width=width, typical=typical, check_read_values=rides,
     )
+    token_ids, node_ids, accepted = _walk(chosen, inputs, checked, validate)
+    return TreeResult.of(token_ids, node_ids, accepted, return_numpy)
+
+
+def _walk(chosen: Backend, inputs: TreeInputs, checked: tuple[Any, ...],
+          validate: bool) -> tuple[Any, Any, Any]:
+    """Run the backend's walk. Under ``validate`` every value is checked first in one host
+    transfer, unless the backend checks the rows its walk reads; a value it flags is then
+    worded by the full checks."""
+    if validate and not inputs.check_read_values:
+        _check_values(*checked)
     try:
-        token_ids, node_ids, accepted = dispatch.run_tree(chosen, inputs)
-    except ReadValueError:  # the walk only flagged a value: the full checks word it
+        return dispatch.run_tree(chosen, inputs)
+    except ReadValueError:
         _check_values(*checked)
         raise ValueError("a target or draft_probs row the tree walk reads holds NaN/inf or is "
                          "not a distribution") from None
-    return TreeResult.of(token_ids, node_ids, accepted, return_numpy)
 
 
 def _randomness(method: str, temperature: Any, seed: Any, seed_offset: Any,
