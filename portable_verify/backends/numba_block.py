@@ -249,11 +249,7 @@ def _block_one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds,
             v = _u(explicit_u, key, i, k, DRAW_COUNTER)
             final = _block_token(target, rows, drafts, q, qrows, o, i, accepted, n, tf, v, maxes,
                                  sums, scratch, out)
-    if caller_bonus and accepted == n_raw:
-        final = bonus[i]
-    out_accepted[i] = accepted
-    out_emitted[i] = accepted + 1
-    _emit(out_tokens, drafts, i, accepted, final)
+    _emit(out_tokens, out_accepted, out_emitted, drafts, bonus, i, accepted, n_raw, final)
     return error
 
 

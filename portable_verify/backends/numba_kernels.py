@@ -341,8 +341,13 @@ def _greedy_request(target, rows, drafts, i, n, is_logits, check):
 
 
 @numba.njit(inline="always", **JIT)
-def _emit(out_tokens, drafts, i, accepted, final):
-    """Row ``i``: the accepted drafts, the final token, then placeholders (-1)."""
+def _emit(out_tokens, out_accepted, out_emitted, drafts, bonus, i, accepted, n_raw, final):
+    """Request ``i``'s outputs, written once: the accepted drafts, the final token (the
+    caller's bonus id where every raw draft was accepted and it gave one), then -1."""
+    if bonus.shape[0] > 0 and accepted == n_raw:
+        final = bonus[i]
+    out_accepted[i] = accepted
+    out_emitted[i] = accepted + 1
     for j in range(out_tokens.shape[1]):
         if j < accepted:
             out_tokens[i, j] = drafts[i, j]
@@ -360,11 +365,7 @@ def _greedy_one(target, is_logits, drafts, counts, bonus, check, i, out_tokens, 
     bad = bad or (check and _bad_ids(drafts, bonus, i, n, target.shape[1]))
     accepted, final, bad_row = _greedy_request(target, EMPTY_ROWS, drafts, i, n, is_logits,
                                                check)
-    if bonus.shape[0] > 0 and accepted == n_raw:
-        final = bonus[i]
-    out_accepted[i] = accepted
-    out_emitted[i] = accepted + 1
-    _emit(out_tokens, drafts, i, accepted, final)
+    _emit(out_tokens, out_accepted, out_emitted, drafts, bonus, i, accepted, n_raw, final)
     return _flag(ERROR_NONE, bad or bad_row)
 
 
@@ -591,11 +592,7 @@ def _one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offse
             final, bad = final_token(target, rows, drafts, q, qrows, explicit_u, o, i,
                                      accepted, n, s, tf, key, scratch, scratch_residual, sums)
             error = max(error, bad)
-    if caller_bonus and accepted == n_raw:
-        final = bonus[i]
-    out_accepted[i] = accepted
-    out_emitted[i] = accepted + 1
-    _emit(out_tokens, drafts, i, accepted, final)
+    _emit(out_tokens, out_accepted, out_emitted, drafts, bonus, i, accepted, n_raw, final)
     return error
 
 
