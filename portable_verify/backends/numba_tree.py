@@ -23,7 +23,7 @@ import numba
 import numpy as np
 import torch
 
-from portable_verify.backends.numba_cpu import (
+from portable_verify.backends.numba_host import (
     EMPTY_F32_2,
     HALF,
     host_array,

@@ -157,10 +157,10 @@ def typical_probs(reps: int) -> None:
 def crossover(reps: int) -> None:
     """Where a second thread starts to pay: greedy and rejection `verify` at growing sizes,
     1 thread against 2 (the one-thread threshold lifted for the measurement)."""
-    from portable_verify.backends import numba_cpu
+    from portable_verify.backends import numba_cpu, numba_host
 
     saved = numba_cpu.PARALLEL_MIN_VALUES
-    numba_cpu.PARALLEL_MIN_VALUES = 0
+    numba_cpu.PARALLEL_MIN_VALUES = numba_host.PARALLEL_MIN_VALUES = 0
     try:
         for b, k, v in [(4, 2, 4096), (8, 3, 4096), (8, 3, 16384), (16, 3, 16384),
                         (32, 3, 32000)]:
@@ -177,7 +177,7 @@ def crossover(reps: int) -> None:
                            f"{statistics.median(times[1]) / statistics.median(times[2]):.2f}x")
             print(", ".join(row))
     finally:
-        numba_cpu.PARALLEL_MIN_VALUES = saved
+        numba_cpu.PARALLEL_MIN_VALUES = numba_host.PARALLEL_MIN_VALUES = saved
         os.environ.pop("PORTABLE_VERIFY_NUM_THREADS", None)
 
 

@@ -1,0 +1,117 @@
+"""Host-side runtime of the numba kernels: worker threads, host views, the options record.
+
+Why a module of its own: the chain backend (``numba_cpu``) and the tree walk (``numba_tree``)
+both run their kernels through these, and neither may import the other (no import cycles).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from portable_verify.core.constants import PROB_SUM_ATOL
+from portable_verify.core.types import TypicalParams
+
+try:  # numba is optional (the `cpu` extra)
+    from portable_verify.backends import numba_kernels as kernels
+except ImportError:
+    kernels = None
+
+HALF = (torch.float16, torch.bfloat16)
+
+EMPTY_I64_1 = np.empty(0, dtype=np.int64)
+EMPTY_I64_2 = np.empty((0, 0), dtype=np.int64)
+EMPTY_F32_1 = np.empty(0, dtype=np.float32)
+EMPTY_F32_2 = np.empty((0, 0), dtype=np.float32)
+
+PARALLEL_MIN_VALUES = 1 << 21
+"""Target values (``B*K*V``) below which a call stays on the calling thread: a worker must be
+woken and scheduled, which costs tens of microseconds on a quiet machine and milliseconds on
+a loaded one (docs/benchmarks.md, "Threads at serving scale"); 2**21 values take ~1-2 ms at
+one thread."""
+
+ENV_THREADS = "PORTABLE_VERIFY_NUM_THREADS"
+
+
+def threads_for(values: int, requests: int) -> int:
+    """Threads for a call reading about ``values`` target values: 1 below
+    :data:`PARALLEL_MIN_VALUES`, else ``PORTABLE_VERIFY_NUM_THREADS`` if set, else the caller's
+    ``torch.get_num_threads()`` (what vLLM's CPU worker sets), at most one per request."""
+    if values < PARALLEL_MIN_VALUES or requests < 2:
+        return 1
+    wanted = os.environ.get(ENV_THREADS)
+    n = int(wanted) if wanted and wanted.strip().isdigit() else torch.get_num_threads()
+    return max(1, min(n, requests))
+
+
+_POOL: dict[str, Any] = {"size": 0, "executor": None}
+# A forked child inherits the executor but not its threads: it would queue work nobody runs.
+os.register_at_fork(after_in_child=lambda: _POOL.update(size=0, executor=None))
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """The module's worker threads (grown on demand; idle workers sleep, never spin)."""
+    if _POOL["size"] < workers:
+        _POOL.update(size=workers, executor=ThreadPoolExecutor(
+            max_workers=workers, thread_name_prefix="portable-verify-numba"))
+    return _POOL["executor"]
+
+
+def run_split(kernel: Any, b: int, threads: int, before: tuple, after: tuple) -> int:
+    """``kernel(*before, lo, hi, *after)`` over ``threads`` disjoint ranges of the ``b``
+    requests at once (the kernel releases the GIL), the calling thread taking the first;
+    returns the largest flag. A request's result depends only on its own inputs, so the split
+    cannot change a result (bit-identical at any thread count)."""
+    if threads <= 1:
+        return kernel(*before, 0, b, *after)
+    bounds = [b * t // threads for t in range(threads + 1)]
+    pool = _pool(threads - 1)
+    futures = [pool.submit(kernel, *before, bounds[t], bounds[t + 1], *after)
+               for t in range(1, threads)]
+    error = kernel(*before, bounds[0], bounds[1], *after)
+    return max([error] + [f.result() for f in futures])
+
+
+def host_array(t: Any, dtype: Any) -> np.ndarray:
+    """A C-contiguous numpy array of ``dtype`` viewing ``t`` where possible (a copy otherwise)."""
+    a = t.detach().numpy() if isinstance(t, torch.Tensor) else t
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+def options_record(*, is_logits: bool, all_greedy: bool = False,
+                   typical: TypicalParams | None = None, check: bool = True, seed_mode: int = 1,
+                   seed_scalar: int = 0, offset_scalar: int = 0, temp_scalar: float = 1.0,
+                   atol: float = PROB_SUM_ATOL, q_atol: float = PROB_SUM_ATOL) -> np.ndarray:
+    """A call's options as the kernel's one record (:data:`numba_kernels.OPTIONS`), packed
+    with :mod:`struct` and kept per distinct value: ``np.array`` of a tuple costs more than a
+    whole small call's decision. ``typical``: the parameters of a typical call, else None."""
+    scalars = (0.0, 0.0) if typical is None else typical.kernel_scalars()
+    key = (is_logits, all_greedy, typical is not None, check, seed_mode, seed_scalar,
+           offset_scalar, temp_scalar, *scalars, atol, q_atol)
+    record = _RECORDS.get(key)
+    if record is None:  # kernels only read records: one per distinct set of options
+        if len(_RECORDS) >= 1024:
+            _RECORDS.clear()
+        record = _RECORDS[key] = np.empty(1, dtype=kernels.OPTIONS)
+        _RECORD.pack_into(record.data, 0, *key)
+    return record
+
+
+def _record_struct(dtype: np.dtype) -> struct.Struct:
+    """A :class:`struct.Struct` laying out ``dtype``'s fields at their offsets (native order)."""
+    codes = {("b", 1): "?", ("i", 8): "q", ("f", 8): "d"}
+    layout, end = "=", 0
+    for name in dtype.names:
+        field, offset = dtype.fields[name][:2]
+        layout += "x" * (offset - end) + codes[(field.kind, field.itemsize)]
+        end = offset + field.itemsize
+    return struct.Struct(layout + "x" * (dtype.itemsize - end))
+
+
+_RECORD = _record_struct(kernels.OPTIONS) if kernels is not None else None
+_RECORDS: dict[tuple[Any, ...], np.ndarray] = {}
