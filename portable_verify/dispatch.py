@@ -172,7 +172,8 @@ def select_backend(requested: str, device_type: str, method: str | None = None) 
     """
     if not isinstance(requested, str):
         raise TypeError(f"backend must be a backend name (str), got {requested!r}")
-    key = (requested, device_type, method, _override_key())
+    key = (requested, device_type, method,  # (the override's raw value, read inline: hot)
+           os.environ.get(ENV_BACKEND) if _ENVIRON_DATA is None else _ENVIRON_DATA.get(_ENV_KEY))
     backend = _SELECTED.get(key)
     if backend is None:
         backend = _SELECTED[key] = _select(requested, device_type, method)
@@ -226,13 +227,6 @@ try:  # CPython keeps the environment in an encoded dict: reading it directly sk
     _ENV_KEY: Any = os.environ.encodekey(ENV_BACKEND)  # type: ignore[attr-defined]
 except AttributeError:  # another Python: the public (slower) spelling
     _ENVIRON_DATA, _ENV_KEY = None, None
-
-
-def _override_key() -> Any:
-    """``PORTABLE_VERIFY_BACKEND`` as a cache key (its raw value; None when unset)."""
-    if _ENVIRON_DATA is None:
-        return os.environ.get(ENV_BACKEND)
-    return _ENVIRON_DATA.get(_ENV_KEY)
 
 
 def numpy_inputs(inputs: Any) -> Any:

@@ -12,6 +12,7 @@ are read once, into one :class:`~portable_verify.core.types.VerifyOptions` value
 
 from __future__ import annotations
 
+import math
 import numbers
 from typing import Any
 
@@ -116,8 +117,10 @@ def _plain_ints(x: Any, b: int) -> Any:
     """An int scalar or a plain int64 ``[B]`` host array (seeds, offsets); False if neither."""
     if x is None:
         return None
-    if type(x) is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool)):
-        return int(x) if -(2**63) <= int(x) < 2**63 else False
+    kind = type(x)
+    if kind is not torch.Tensor and kind is not np.ndarray and (
+            kind is int or (isinstance(x, numbers.Integral) and not isinstance(x, bool))):
+        return int(x) if -(2**63) <= int(x) < 2**63 else False  # (an ABC check is slow: last)
     a = _exact(x, _I64, (b,))
     return False if a is None else a
 
@@ -141,7 +144,10 @@ def _host_call(drafts: Any, counts: Any, target: Any, target_name: str, rows: An
                uniforms: Any, bonus: Any, options: VerifyOptions, validate: Any, backend: str,
                return_numpy: bool) -> VerifyCall | None:
     """The plain-form call, or None when an option is not in plain form."""
-    temps = _plain_temperature(temperature, b, validate, target_name == "target_probs")
+    temps = temperature
+    if not (type(temperature) is float and 0.0 <= temperature < math.inf and (
+            temperature in (0.0, 1.0) or target_name == "target_logits")):  # (valid: as is)
+        temps = _plain_temperature(temperature, b, validate, target_name == "target_probs")
     if temps is False:
         return None
     seeds = offsets = None
@@ -184,11 +190,13 @@ def parse_padded(draft_token_ids: ArrayLike, target_logits: ArrayLike | None,
     return_numpy = type(draft_token_ids) is not torch.Tensor
     drafts = _plain(draft_token_ids, _I64, torch.int64)
     target = _plain(target_in, _F32, torch.float32)
-    if (drafts is not None and target is not None and drafts.ndim == 2 and target.ndim == 3
+    if (drafts is not None and target is not None
             and (target_probs is None or target_logits is None)):
-        b, k = drafts.shape
-        v = target.shape[2]
-        if target.shape[0] == b and target.shape[1] == k + 1 and v >= 1:
+        shape = drafts.shape
+        b, k = shape if len(shape) == 2 else (-1, -1)
+        shape = target.shape
+        if len(shape) == 3 and shape[0] == b and shape[1] == k + 1 and shape[2] >= 1:
+            v = shape[2]
             counts = q = None
             plain = True
             if num_draft_tokens is not None:

@@ -27,9 +27,11 @@ from portable_verify.backends.numba_host import (
     EMPTY_I64_1,
     EMPTY_I64_2,
     HALF,
+    NO_TYPICAL,
     PARALLEL_MIN_VALUES,
     host_array,
     options_record,
+    record_of,
     run_split,
     threads_for,
 )
@@ -46,9 +48,8 @@ try:  # numba is optional (the `cpu` extra): without it the backend reports itse
 except ImportError:
     kernels = numba_block = None
 
-BY_ADDRESS_MAX = 4096
-"""Calls with at most this many target values read torch tensors by address on one thread
-(their numpy views cost more than the whole decision)."""
+_CPU = torch.device("cpu")
+
 
 def _outputs(b: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The result's arrays, filled by the kernel (token ids, accepted, emitted, counts)."""
@@ -72,29 +73,34 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     ``target`` holds the flat rows ``[..., V]`` (C-contiguous); it and ``drafts`` may also be
     contiguous float32 / int64 CPU tensors, read in place by address.
     """
+    return _decide(target, drafts, rows, counts, q, qrows, temps, uniforms, seeds, offsets,
+                   bonus, options_record(is_logits=is_logits, **options), block)
+
+
+def _decide(target: Any, drafts: Any, rows: np.ndarray, counts: np.ndarray, q: np.ndarray,
+            qrows: np.ndarray, temps: np.ndarray, uniforms: np.ndarray, seeds: np.ndarray,
+            offsets: np.ndarray, bonus: np.ndarray, record: np.ndarray, block: bool
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+    """:func:`decide_arrays` with the options already a record (positional: this runs on
+    every call, and keyword dictionaries cost more than a small call's decision)."""
     b, k = drafts.shape
     v = target.shape[-1]
     if v == 0 and b > 0:
         raise ValueError("the target has an empty vocabulary dimension")
     r = b * (k + 1) if rows.shape[0] == 0 else target.shape[0]  # rows: target is [R, V]
     tokens, accepted, emitted, out_counts = _outputs(b, k)
-    if (not block and type(target) is torch.Tensor and type(drafts) is torch.Tensor
-            and r * v <= BY_ADDRESS_MAX):
-        record = options_record(is_logits=is_logits, **options)
+    threads = 1 if b * k * v < PARALLEL_MIN_VALUES else threads_for(b * k * v, b)
+    if (threads == 1 and not block and type(target) is torch.Tensor
+            and type(drafts) is torch.Tensor):
         error = kernels.decide_at(
             target.data_ptr(), r, v, rows, drafts.data_ptr(), b, k, counts, q, qrows, temps,
             uniforms, seeds, offsets, bonus, record, tokens, accepted, emitted, out_counts)
         return tokens, accepted, emitted, out_counts, error == 0
     target = host_array(target, np.float32).reshape(-1, v)
-    record = options_record(is_logits=is_logits, **options)
     kernel = numba_block.decide_block if block else kernels.decide
     before = (target, rows, host_array(drafts, np.int64), counts, q, qrows, temps, uniforms,
               seeds, offsets, bonus, record)
-    if b * k * v < PARALLEL_MIN_VALUES:  # the common small call: no thread bookkeeping
-        error = kernel(*before, 0, b, tokens, accepted, emitted, out_counts)
-    else:
-        error = run_split(kernel, b, threads_for(b * k * v, b), before,
-                          (tokens, accepted, emitted, out_counts))
+    error = run_split(kernel, b, threads, before, (tokens, accepted, emitted, out_counts))
     return tokens, accepted, emitted, out_counts, error == 0
 
 
@@ -108,44 +114,22 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     v = target.shape[-1]
     r = b * (k + 1)
     tokens, accepted, emitted, out_counts = _outputs(b, k)
-    if type(target) is torch.Tensor and type(drafts) is torch.Tensor and r * v <= BY_ADDRESS_MAX:
+    threads = 1 if b * v < PARALLEL_MIN_VALUES else threads_for(b * v, b)
+    if threads == 1 and type(target) is torch.Tensor and type(drafts) is torch.Tensor:
         error = kernels.greedy_at(target.data_ptr(), r, v, is_logits,
                                   drafts.data_ptr(), b, k, counts, bonus, check, tokens,
                                   accepted, emitted, out_counts)
     else:
         before = (host_array(target, np.float32).reshape(r, v), is_logits,
                   host_array(drafts, np.int64), counts, bonus, check)
-        if b * v < PARALLEL_MIN_VALUES:
-            error = kernels.greedy(*before, 0, b, tokens, accepted, emitted, out_counts)
-        else:
-            error = run_split(kernels.greedy, b, threads_for(b * v, b), before,
-                              (tokens, accepted, emitted, out_counts))
+        error = run_split(kernels.greedy, b, threads, before,
+                          (tokens, accepted, emitted, out_counts))
     return tokens, accepted, emitted, out_counts, error == 0
 
 
 _AVAILABILITY = (
     Availability(False, "numba is not installed (pip install 'portable-verify[cpu]')")
     if kernels is None else Availability(True, f"numba {numba.__version__} on the CPU"))
-
-
-def _uniform_source(call: VerifyCall, kwargs: dict[str, Any]) -> None:
-    """Where a sampled call's uniforms come from, in the kernel's terms: the caller's own, or
-    the counter-hash streams of its seeds and offsets (derived inside the kernel)."""
-    if call.uniforms is not None:
-        kwargs["uniforms"] = call.uniforms
-        return
-    seed = call.seed
-    if seed is None:
-        kwargs["seeds"] = request_seeds(None, call.drafts.shape[0], torch.device("cpu")).numpy()
-    elif type(seed) is int:
-        kwargs["seed_scalar"], kwargs["seed_mode"] = seed, 2
-    else:
-        kwargs["seeds"] = seed
-    offset = call.seed_offset
-    if type(offset) is int:
-        kwargs["offset_scalar"] = offset
-    elif offset is not None:
-        kwargs["offsets"] = offset
 
 
 class NumbaBackend(Backend):
@@ -162,38 +146,55 @@ class NumbaBackend(Backend):
         return _AVAILABILITY  # asked on every automatic selection: computed once
 
     def run_call(self, call: VerifyCall) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        # Written flat, positional and without keyword dictionaries: at batch 1-8 this
+        # function is most of a call's cost (docs/benchmarks.md, "Fixed cost").
         check = call.validate is True
         counts = EMPTY_I64_1 if call.counts is None else call.counts
         bonus = EMPTY_I64_1 if call.bonus is None else call.bonus
         options = call.options
         all_greedy = options.method == "greedy"
-        kwargs: dict[str, Any] = {}
+        temps, temp_scalar = EMPTY_F32_1, 1.0
         t = call.temperature
-        if not all_greedy:
-            if t is None:
-                kwargs["temp_scalar"] = 1.0
-            elif type(t) is float:
-                t32 = float(np.float32(t)) if t <= FLOAT32_MAX else math.inf
-                kwargs["temp_scalar"] = t32  # checked by the parser, before this rounding
-                all_greedy = t32 == 0.0
+        if not all_greedy and t is not None:
+            if type(t) is float:  # checked by the parser, before this rounding
+                temp_scalar = float(np.float32(t)) if t <= FLOAT32_MAX else math.inf
+                all_greedy = temp_scalar == 0.0
             else:
-                kwargs["temps"] = t
+                temps = t
         if all_greedy and call.rows is None and call.uniforms is None:
-            out = greedy_arrays(call.target, call.is_logits, call.drafts, counts, bonus, check)
+            out = greedy_arrays(call.target, call.target_name == "target_logits", call.drafts,
+                                counts, bonus, check)
         else:
-            if not all_greedy:
-                _uniform_source(call, kwargs)
-            if options.sampled_method == "typical":
-                kwargs["typical"] = options.typical
-            if call.rows is not None:
-                kwargs["rows"] = call.rows
-            if call.draft_probs is not None:
-                kwargs["q"] = call.draft_probs
-                if call.draft_rows is not None:
-                    kwargs["qrows"] = call.draft_rows
-            out = decide_arrays(call.target, call.is_logits, call.drafts, counts=counts,
-                                bonus=bonus, all_greedy=all_greedy, check=check,
-                                block=options.sampled_method == "block", **kwargs)
+            uniforms, seeds, offsets = EMPTY_F32_2, EMPTY_I64_1, EMPTY_I64_1
+            seed_mode, seed_scalar, offset_scalar = 1, 0, 0
+            if all_greedy:
+                pass
+            elif call.uniforms is not None:  # the caller's own uniforms
+                uniforms = call.uniforms
+            else:  # the counter-hash streams of the seeds and offsets, derived in the kernel
+                seed = call.seed
+                if seed is None:
+                    seeds = request_seeds(None, call.drafts.shape[0], _CPU).numpy()
+                elif type(seed) is int:
+                    seed_scalar, seed_mode = seed, 2
+                else:
+                    seeds = seed
+                offset = call.seed_offset
+                if type(offset) is int:
+                    offset_scalar = offset
+                elif offset is not None:
+                    offsets = offset
+            method = options.sampled_method
+            typical = options.typical.kernel_scalars() if method == "typical" else NO_TYPICAL
+            record = record_of((call.target_name == "target_logits", all_greedy,
+                                method == "typical", check, seed_mode, seed_scalar,
+                                offset_scalar, temp_scalar, *typical, PROB_SUM_ATOL,
+                                PROB_SUM_ATOL))  # options_record's fields, in order
+            q = EMPTY_F32_2 if call.draft_probs is None else call.draft_probs
+            out = _decide(call.target, call.drafts,
+                          EMPTY_I64_2 if call.rows is None else call.rows, counts, q,
+                          EMPTY_I64_2 if call.draft_rows is None else call.draft_rows, temps,
+                          uniforms, seeds, offsets, bonus, record, method == "block")
         if not out[4]:
             raise ReadValueError("a value the decision reads is invalid")
         return out[:4]

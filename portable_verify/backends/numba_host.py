@@ -37,6 +37,9 @@ one thread."""
 
 ENV_THREADS = "PORTABLE_VERIFY_NUM_THREADS"
 
+NO_TYPICAL = (0.0, 0.0)
+"""The record's typical fields (``TypicalParams.kernel_scalars()``'s) in a call without them."""
+
 
 def threads_for(values: int, requests: int) -> int:
     """Threads for a call reading about ``values`` target values: 1 below
@@ -87,18 +90,23 @@ def options_record(*, is_logits: bool, all_greedy: bool = False,
                    typical: TypicalParams | None = None, check: bool = True, seed_mode: int = 1,
                    seed_scalar: int = 0, offset_scalar: int = 0, temp_scalar: float = 1.0,
                    atol: float = PROB_SUM_ATOL, q_atol: float = PROB_SUM_ATOL) -> np.ndarray:
-    """A call's options as the kernel's one record (:data:`numba_kernels.OPTIONS`), packed
-    with :mod:`struct` and kept per distinct value: ``np.array`` of a tuple costs more than a
-    whole small call's decision. ``typical``: the parameters of a typical call, else None."""
-    scalars = (0.0, 0.0) if typical is None else typical.kernel_scalars()
-    key = (is_logits, all_greedy, typical is not None, check, seed_mode, seed_scalar,
-           offset_scalar, temp_scalar, *scalars, atol, q_atol)
-    record = _RECORDS.get(key)
-    if record is None:  # kernels only read records: one per distinct set of options
+    """A call's options as the kernel's one record (:data:`numba_kernels.OPTIONS`).
+    ``typical``: the parameters of a typical call, else None."""
+    scalars = NO_TYPICAL if typical is None else typical.kernel_scalars()
+    return record_of((is_logits, all_greedy, typical is not None, check, seed_mode,
+                      seed_scalar, offset_scalar, temp_scalar, *scalars, atol, q_atol))
+
+
+def record_of(fields: tuple[Any, ...]) -> np.ndarray:
+    """The record of ``fields`` (:data:`numba_kernels.OPTIONS`' fields in order), packed with
+    :mod:`struct` and kept per distinct value: ``np.array`` of a tuple costs more than a whole
+    small call's decision, and kernels only read records."""
+    record = _RECORDS.get(fields)
+    if record is None:
         if len(_RECORDS) >= 1024:
             _RECORDS.clear()
-        record = _RECORDS[key] = np.empty(1, dtype=kernels.OPTIONS)
-        _RECORD.pack_into(record.data, 0, *key)
+        record = _RECORDS[fields] = np.empty(1, dtype=kernels.OPTIONS)
+        _RECORD.pack_into(record.data, 0, *fields)
     return record
 
 
