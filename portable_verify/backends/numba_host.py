@@ -6,6 +6,7 @@ both run their kernels through these, and neither may import the other (no impor
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
 from concurrent.futures import ThreadPoolExecutor
@@ -65,18 +66,34 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     return _POOL["executor"]
 
 
+CHUNKS_PER_THREAD = 4
+"""A parallel call's requests are cut into this many ranges per thread, which the threads claim
+in turn. Why not one range each: right after a torch op at N threads, torch's OpenMP workers
+spin on their cores for a few milliseconds (libgomp's default wait policy), so one of our
+workers can get half a core; with equal halves the call waited for it (a 2-thread call at
+(256, 3, 32000) took 10 ms after a `torch.amax`, 5.5 ms rested), while claimed ranges let
+the other thread take more (7 ms; docs/benchmarks.md, "Threads at serving scale")."""
+
+
 def run_split(kernel: Any, b: int, threads: int, before: tuple, after: tuple) -> int:
-    """``kernel(*before, lo, hi, *after)`` over ``threads`` disjoint ranges of the ``b``
-    requests at once (the kernel releases the GIL), the calling thread taking the first;
-    returns the largest flag. A request's result depends only on its own inputs, so the split
-    cannot change a result (bit-identical at any thread count)."""
+    """``kernel(*before, lo, hi, *after)`` over disjoint ranges of the ``b`` requests on
+    ``threads`` threads at once (the kernel releases the GIL), the calling thread one of them;
+    returns the largest flag. A request's result depends only on its own inputs, so neither
+    the ranges nor who runs them can change a result (bit-identical at any thread count)."""
     if threads <= 1:
         return kernel(*before, 0, b, *after)
-    bounds = [b * t // threads for t in range(threads + 1)]
-    pool = _pool(threads - 1)
-    futures = [pool.submit(kernel, *before, bounds[t], bounds[t + 1], *after)
-               for t in range(1, threads)]
-    error = kernel(*before, bounds[0], bounds[1], *after)
+    ranges = min(b, threads * CHUNKS_PER_THREAD)
+    bounds = [b * r // ranges for r in range(ranges + 1)]
+    claim = itertools.count().__next__  # atomic under the GIL: each range is run once
+
+    def drain() -> int:
+        error = 0
+        while (r := claim()) < ranges:
+            error = max(error, kernel(*before, bounds[r], bounds[r + 1], *after))
+        return error
+
+    futures = [_pool(threads - 1).submit(drain) for _ in range(threads - 1)]
+    error = drain()
     return max([error] + [f.result() for f in futures])
 
 
