@@ -4,9 +4,10 @@ For each (B, K, V) and method: `verify` on `numba:cpu` and `torch:cpu`, and a ba
 `torch.amax` over the same target, at each thread count, interleaved (one call of each per
 repetition, in turn), wall-clock medians with the spread (min-max) across repetitions.
 Drafts equal the target row's argmax with probability 0.6 per position.
-Also typical from probabilities against an engine-style pass, and the one-thread crossover.
+Also typical from probabilities against an engine-style pass, the one-thread crossover, and
+a 2-thread call right after a torch op (`--part spin`).
 Run: `python scripts/bench/threads.py [--threads 1,2] [--reps 7] [--no-torch]
-[--shapes 64x4x128256,256x3x32000] [--part grid,typical,crossover]`.
+[--shapes 64x4x128256,256x3x32000] [--part grid,typical,crossover,spin]`.
 """
 
 from __future__ import annotations
@@ -120,6 +121,42 @@ def main() -> None:
         typical_probs(args.reps * 3)
     if "crossover" in args.part:
         crossover(args.reps * 3)
+    if "spin" in args.part:
+        after_torch(args.reps)
+
+
+def after_torch(reps: int, shape: tuple[int, int, int] = (256, 3, 32000)) -> None:
+    """rejection from probabilities at ``shape``, 1 and 2 threads: after a 50 ms rest, and
+    right after a ``torch.amax`` at the same thread count, whose OpenMP workers may still be
+    spinning on the other cores (``OMP_WAIT_POLICY`` decides; it is printed)."""
+    x = _inputs(*shape)
+    ids = x["drafts"]
+
+    def call() -> object:
+        return pv.verify(ids, target_probs=x["probs"], draft_probs=x["q"], seed=1,
+                         backend="numba:cpu")
+
+    def amax() -> object:
+        return torch.amax(x["probs"], -1)
+
+    times: dict[tuple[str, int], list[float]] = {}
+    for n in (1, 2):
+        torch.set_num_threads(n)
+        call()
+        amax()
+    for _ in range(reps):
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            amax()
+            time.sleep(0.05)
+            times.setdefault(("rested", n), []).append(_time(call))
+            amax()
+            times.setdefault(("after torch.amax", n), []).append(_time(call))
+            times.setdefault(("torch.amax", n), []).append(_time(amax))
+    print(f"# {shape}, rejection/probs, OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}")
+    for case in ("rested", "after torch.amax", "torch.amax"):
+        one, two = (statistics.median(times[(case, n)]) * 1e3 for n in (1, 2))
+        print(f"{case}: 1 thread {one:.2f} ms, 2 threads {two:.2f} ms, speed-up {one / two:.2f}x")
 
 
 
