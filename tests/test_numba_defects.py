@@ -159,6 +159,22 @@ def test_results_identical_at_1_2_and_3_threads() -> None:
         assert int(differing) == 0, line  # and the same tokens as the torch backend
 
 
+@pytest.mark.parametrize("bad_request", [0, 13, 23])
+def test_invalid_value_in_any_claimed_range_is_reported(monkeypatch: pytest.MonkeyPatch,
+                                                        bad_request: int) -> None:
+    """The threads claim request ranges in turn: a NaN in the first, a middle or the last
+    range's request still fails the call with the torch backend's words (the largest flag of
+    every range is kept), at 3 threads."""
+    monkeypatch.setenv("PORTABLE_VERIFY_NUM_THREADS", "3")
+    g = torch.Generator().manual_seed(2)
+    b, k, v = 24, 3, 32768  # above the one-thread threshold: 12 claimed ranges
+    logits = torch.randn(b, k + 1, v, generator=g)
+    drafts = logits[:, :k].argmax(-1)
+    logits[bad_request, 0, 5] = float("nan")  # the first row: every request reads it
+    with pytest.raises(ValueError, match="target_logits"):
+        pv.verify(drafts, target_logits=logits, seed=3, backend="numba:cpu")
+
+
 def test_worker_threads_survive_fork() -> None:
     """A child forked after a parallel call gets fresh workers (an inherited executor has no
     threads and would never run the work: the child would hang past the timeout)."""
