@@ -146,8 +146,8 @@ class NumbaBackend(Backend):
         return _AVAILABILITY  # asked on every automatic selection: computed once
 
     def run_call(self, call: VerifyCall) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        # Written flat, positional and without keyword dictionaries: at batch 1-8 this
-        # function is most of a call's cost (docs/benchmarks.md, "Fixed cost").
+        # Written flat, positional and without keyword dictionaries: at batch 1-8 the Python
+        # around the kernel is most of a call's cost (docs/benchmarks.md, "One way in").
         check = call.validate is True
         counts = EMPTY_I64_1 if call.counts is None else call.counts
         bonus = EMPTY_I64_1 if call.bonus is None else call.bonus
@@ -167,11 +167,9 @@ class NumbaBackend(Backend):
         else:
             uniforms, seeds, offsets = EMPTY_F32_2, EMPTY_I64_1, EMPTY_I64_1
             seed_mode, seed_scalar, offset_scalar = 1, 0, 0
-            if all_greedy:
-                pass
-            elif call.uniforms is not None:  # the caller's own uniforms
+            if not all_greedy and call.uniforms is not None:  # the caller's own uniforms
                 uniforms = call.uniforms
-            else:  # the counter-hash streams of the seeds and offsets, derived in the kernel
+            elif not all_greedy:  # the counter-hash streams of seeds and offsets (in the kernel)
                 seed = call.seed
                 if seed is None:
                     seeds = request_seeds(None, call.drafts.shape[0], _CPU).numpy()

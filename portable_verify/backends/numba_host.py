@@ -70,9 +70,8 @@ CHUNKS_PER_THREAD = 4
 """A parallel call's requests are cut into this many ranges per thread, which the threads claim
 in turn. Why not one range each: right after a torch op at N threads, torch's OpenMP workers
 spin on their cores for a few milliseconds (libgomp's default wait policy), so one of our
-workers can get half a core; with equal halves the call waited for it (a 2-thread call at
-(256, 3, 32000) took 10 ms after a `torch.amax`, 5.5 ms rested), while claimed ranges let
-the other thread take more (7 ms; docs/benchmarks.md, "Threads at serving scale")."""
+workers can get half a core; with equal halves the call waits for it, with claimed ranges the
+other thread takes more (measured: docs/benchmarks.md, "Threads at serving scale")."""
 
 
 def run_split(kernel: Any, b: int, threads: int, before: tuple, after: tuple) -> int:
