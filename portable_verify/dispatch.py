@@ -320,9 +320,9 @@ def run_tree(backend: Backend, inputs: TreeInputs
     return tokens, nodes, accepted
 
 
-register_backend("numba", lazy("portable_verify.backends.numba_cpu", "NumbaBackend"))
-register_backend("numpy", lazy("portable_verify.backends.numpy_ref_tree",
+register_backend("numba", lazy("portable_verify.backends.numba.backend", "NumbaBackend"))
+register_backend("numpy", lazy("portable_verify.backends.numpy.tree",
                                 "NumpyReferenceTreeBackend"))
-register_backend("torch", lazy("portable_verify.backends.torch_eager_tree", "TorchTreeBackend"))
-register_backend("triton", lazy("portable_verify.backends.triton_backend", "TritonBackend"))
-register_backend("openvino", lazy("portable_verify.backends.openvino", "OpenVINOBackend"))
+register_backend("torch", lazy("portable_verify.backends.torch.tree", "TorchTreeBackend"))
+register_backend("triton", lazy("portable_verify.backends.triton.backend", "TritonBackend"))
+register_backend("openvino", lazy("portable_verify.backends.openvino.backend", "OpenVINOBackend"))

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import portable_verify as pv
-from portable_verify.backends import torch_draw, torch_ops
+from portable_verify.backends.torch import draw as torch_draw
+from portable_verify.backends.torch import ops as torch_ops
 from portable_verify.bench import numba_runtime, targets
 from portable_verify.bench import threads as bench_threads
 from portable_verify.bench.dense import dense_verify
@@ -312,7 +313,8 @@ def test_info_lists_backends_with_reasons() -> None:
 _CACHE_PROBE = """
 import json, numpy as np
 from portable_verify.bench import numba_runtime
-from portable_verify.backends import numba_kernels, numba_math
+from portable_verify.backends.numba import chain as numba_kernels
+from portable_verify.backends.numba import rows as numba_math
 before = numba_runtime.kernel_cache()
 compiled = sum(len(d.overloads) for m in (numba_kernels, numba_math)
                for d in numba_runtime._cached_dispatchers(m).values())

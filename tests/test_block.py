@@ -13,7 +13,7 @@ import torch
 
 import portable_verify as pv
 from portable_verify import dispatch
-from portable_verify.backends.torch_eager import TorchBackend
+from portable_verify.backends.torch.backend import TorchBackend
 from portable_verify.testing.checks.block_verification import block_acceptance
 from portable_verify.testing.stats.negative_controls import controls_registered
 

@@ -83,7 +83,7 @@ class _BrokenReference(Backend):
         return Availability(True, "test double")
 
     def run(self, inputs: Any) -> tuple[Any, Any]:
-        from portable_verify.backends.numpy_ref import verify_reference
+        from portable_verify.backends.numpy.chain import verify_reference
         from portable_verify.dispatch import numpy_inputs
 
         tokens, accepted = verify_reference(numpy_inputs(inputs))

@@ -1,4 +1,4 @@
-"""The numba host primitives (``backends/numba_math.py``) against numpy's float32 math."""
+"""The numba host primitives (``backends/numba/rows.py``) against numpy's float32 math."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("numba")
 
-from portable_verify.backends.numba_math import (
+from portable_verify.backends.numba.rows import (
     entropy,
     exp_sum,
     exp_sum_dot,

@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("openvino")
 
 import portable_verify as pv
-from portable_verify.backends.openvino import OpenVINOBackend, argmax_block
-from portable_verify.backends.openvino_graphs import Variant
+from portable_verify.backends.openvino.backend import OpenVINOBackend, argmax_block
+from portable_verify.backends.openvino.chain_graphs import Variant
 from portable_verify.dispatch import get_backend
 from portable_verify.testing.cases.random_cases import INPUT_FORMS, CaseSpec, as_numpy, build_case
 

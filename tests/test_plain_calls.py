@@ -201,7 +201,7 @@ def test_per_row_temperatures_take_no_whole_target_argmax(
     """5aed259: any temperature array ran ``np.argmax`` over the whole target (1.4-1.5x the
     call), although only greedy rows read an argmax, and only of the rows they reach. The
     kernel now takes those itself."""
-    from portable_verify.backends import numba_cpu
+    from portable_verify.backends.numba import backend as numba_cpu
 
     calls: list[tuple[int, ...]] = []
     real = np.argmax

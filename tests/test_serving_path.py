@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import portable_verify as pv
-from portable_verify.backends import torch_draw, torch_ops
+from portable_verify.backends.torch import draw as torch_draw
+from portable_verify.backends.torch import ops as torch_ops
 from portable_verify.testing.cases.random_cases import INPUT_FORMS, build_case, random_spec
 from portable_verify.testing.checks.reference_comparison import Tally, compare
 

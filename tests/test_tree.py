@@ -198,7 +198,7 @@ def test_sglang_lists_from_their_kernel_test() -> None:
 def test_torch_device_code_path_on_cpu(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """CI has no accelerator: run the torch tree backend's device path (torch ops, masks
     instead of index arrays) on CPU tensors through the same checks."""
-    from portable_verify.backends import torch_ops
+    from portable_verify.backends.torch import ops as torch_ops
     from portable_verify.testing import kit
 
     monkeypatch.setattr(torch_ops, "HOST_ARRAYS", False)

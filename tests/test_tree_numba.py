@@ -1,4 +1,4 @@
-"""The numba tree walk (backends/numba_tree.py) beyond the conformance kit: it is what ``auto``
+"""The numba tree walk (backends/numba/tree.py) beyond the conformance kit: it is what ``auto``
 picks on CPU, its ``validate=True`` checks ride on the rows it reads (so a bad row it never
 reads passes, a bad row it reads is refused with the argument named), and its answers do not
 depend on the thread count. The kit's tree checks run on it through ``available_backend``."""
@@ -63,7 +63,7 @@ def test_a_read_probability_row_that_is_not_a_distribution_is_refused() -> None:
 @pytest.mark.parametrize("mode", ["deterministic", "iid", "without_replacement"])
 def test_answers_do_not_depend_on_the_thread_count(mode: str,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    from portable_verify.backends import numba_tree
+    from portable_verify.backends.numba import tree as numba_tree
 
     rng = np.random.default_rng(11)
     calls = [random_tree_call(rng, mode) for _ in range(4)]

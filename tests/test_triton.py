@@ -166,7 +166,7 @@ def test_interpreter_leaves_compiled_triton_untouched() -> None:
     import triton.language as tl
 
     assert isinstance(tl.max, JITFunction) and isinstance(tl.standard._sum_combine, JITFunction)
-    from portable_verify.backends import triton_kernels
+    from portable_verify.backends.triton import chain as triton_kernels
 
     assert isinstance(triton_kernels._decide_kernel, JITFunction)
 
@@ -203,7 +203,7 @@ def test_gpu_without_triton_falls_back_to_torch_and_says_so_once(
     """Pretend CUDA is present on this CPU machine: Triton has no active driver here, so the
     ``cuda`` alias (automatic choice for CUDA tensors) must pick ``torch:cuda``, warning once."""
     from portable_verify import dispatch
-    from portable_verify.backends import triton_backend
+    from portable_verify.backends.triton import backend as triton_backend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "pretend GPU")
@@ -270,7 +270,7 @@ def test_kernels_compile_for_gpus_without_a_gpu(case: tuple) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from portable_verify.backends import triton_kernels
+    from portable_verify.backends.triton import chain as triton_kernels
 
     backend, arch, warp, name, dtype, constexprs = case
     if {"cuda": "nvidia", "hip": "amd"}[backend] not in backends:
@@ -287,7 +287,7 @@ def test_ipex_is_optional_and_its_failure_is_reported(monkeypatch: pytest.Monkey
     import importlib
     import importlib.util
 
-    from portable_verify.backends import triton_backend as xpu
+    from portable_verify.backends.triton import backend as xpu
 
     real_find_spec, real_import = importlib.util.find_spec, importlib.import_module
 

@@ -1,4 +1,4 @@
-"""The Triton tree kernel (backends/triton_tree.py) beyond the conformance kit's tree checks
+"""The Triton tree kernel (backends/triton/tree.py) beyond the conformance kit's tree checks
 (which run it on random small-V trees): rows longer than one chunk, edge rules, degenerate
 shapes, compilation for real GPUs, and a small law check with a negative control.
 
@@ -140,7 +140,7 @@ def test_tree_kernel_compiles_for_gpus_without_a_gpu(case: tuple) -> None:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from portable_verify.backends import triton_tree
+    from portable_verify.backends.triton import tree as triton_tree
 
     backend, arch, warp, constexprs, dtype = case
     if {"cuda": "nvidia", "hip": "amd"}[backend] not in backends:

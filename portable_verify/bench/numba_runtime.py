@@ -14,7 +14,7 @@ import importlib
 import os
 from typing import Any
 
-KERNEL_MODULES = ("portable_verify.backends.numba_kernels", "portable_verify.backends.numba_math")
+KERNEL_MODULES = ("portable_verify.backends.numba.chain", "portable_verify.backends.numba.rows")
 THREADS_ENV = "PORTABLE_VERIFY_NUM_THREADS"
 """The variable that overrides the numba backend's thread count (else torch's)."""
 

@@ -56,7 +56,7 @@ def _front_doors(old: object, inputs: object, variant: object) -> tuple:
 def _kernels(inputs: object, variant: object) -> tuple:
     """Each tree's ``numba_cpu.decide_arrays`` (the kernel and its host glue) on the same
     host arrays; both take these keywords."""
-    ours = importlib.import_module("portable_verify.backends.numba_cpu").decide_arrays
+    ours = importlib.import_module("portable_verify.backends.numba.backend").decide_arrays
     theirs = importlib.import_module("portable_verify_old.backends.numba_cpu").decide_arrays
     target = inputs.target.numpy().reshape(-1, inputs.target.shape[-1])  # type: ignore
     logits = variant.inputs == "logits"  # type: ignore[attr-defined]

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import portable_verify as pv
-from portable_verify.backends.openvino import OpenVINOBackend
+from portable_verify.backends.openvino.backend import OpenVINOBackend
 from portable_verify.dispatch import register_backend
 from portable_verify.testing.cases.tree_cases import random_parents
 

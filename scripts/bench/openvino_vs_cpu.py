@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 import portable_verify as pv
-from portable_verify.backends.openvino import OpenVINOBackend
+from portable_verify.backends.openvino.backend import OpenVINOBackend
 from portable_verify.dispatch import register_backend
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -79,8 +79,8 @@ def _config_study(drafts: torch.Tensor, logits: torch.Tensor, reps: int) -> None
     """The greedy graph alone under the settings docs/backends.md discusses, interleaved."""
     import openvino as ov
 
-    from portable_verify.backends import openvino_graphs as graphs
-    from portable_verify.backends.openvino import argmax_block
+    from portable_verify.backends.openvino.backend import argmax_block
+    from portable_verify.backends.openvino import chain_graphs as graphs
 
     b, k1, v = logits.shape
     rows = (np.arange(b)[:, None] * k1 + np.arange(k1)).astype(np.int64)

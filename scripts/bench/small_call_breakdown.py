@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 import portable_verify as pv
-from portable_verify.backends import numba_cpu
+from portable_verify.backends.numba import backend as numba_cpu
 from portable_verify.core.types import VerifyResult
 
 

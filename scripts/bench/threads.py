@@ -194,7 +194,8 @@ def typical_probs(reps: int) -> None:
 def crossover(reps: int) -> None:
     """Where a second thread starts to pay: greedy and rejection `verify` at growing sizes,
     1 thread against 2 (the one-thread threshold lifted for the measurement)."""
-    from portable_verify.backends import numba_cpu, numba_host
+    from portable_verify.backends.numba import backend as numba_cpu
+    from portable_verify.backends.numba import host as numba_host
 
     saved = numba_cpu.PARALLEL_MIN_VALUES
     numba_cpu.PARALLEL_MIN_VALUES = numba_host.PARALLEL_MIN_VALUES = 0

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.backends.numpy_ref import entropy, softmax
+from portable_verify.backends.numpy.chain import entropy, softmax
 from portable_verify.core.types import DEFAULT_TYPICAL
 
 VALUE_RTOL = 1e-5

@@ -9,10 +9,10 @@ Costs, per call (B requests, K drafts, V vocabulary):
   same single row per request;
 * the one draw per request is a two-level inverse-CDF search (block sums, then one block), not a
   full cumulative sum.
-The code is written once against :class:`~portable_verify.backends.torch_ops.ArrayOps`: on CPU
+The code is written once against :class:`~portable_verify.backends.torch.ops.ArrayOps`: on CPU
 it runs on numpy views of the tensors (no copy), elsewhere on torch. This module holds the
-token-wise rules (greedy, rejection, typical); block verification is ``torch_block.py``, the
-draws ``torch_draw.py``, the default validation ``torch_checks.py``. There is no loop over
+token-wise rules (greedy, rejection, typical); block verification is ``torch/block.py``, the
+draws ``torch/draw.py``, the default validation ``torch/checks.py``. There is no loop over
 requests and no host-device synchronisation. On CPU the row passes run over cache-sized tiles of
 the target (``torch_ops.per_row``): a loop over fixed-size memory blocks that keeps each tile's
 temporaries in cache; figures are in docs/benchmarks.md.
@@ -26,12 +26,12 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from portable_verify.backends import torch_ops
 from portable_verify.backends.base import Availability, Backend, BackendTraits
-from portable_verify.backends.torch_block import _block
-from portable_verify.backends.torch_checks import ReadChecks
-from portable_verify.backends.torch_draw import _draw, _draw_from_residual, _draw_without_draft
-from portable_verify.backends.torch_ops import (
+from portable_verify.backends.torch import ops as torch_ops
+from portable_verify.backends.torch.block import _block
+from portable_verify.backends.torch.checks import ReadChecks
+from portable_verify.backends.torch.draw import _draw, _draw_from_residual, _draw_without_draft
+from portable_verify.backends.torch.ops import (
     Array,
     ArrayOps,
     _logits_sums,

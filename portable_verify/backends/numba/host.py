@@ -19,7 +19,7 @@ from portable_verify.core.constants import PROB_SUM_ATOL
 from portable_verify.core.types import TypicalParams
 
 try:  # numba is optional (the `cpu` extra)
-    from portable_verify.backends import numba_kernels as kernels
+    from portable_verify.backends.numba import chain as kernels
 except ImportError:
     kernels = None
 

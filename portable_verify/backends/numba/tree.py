@@ -23,7 +23,14 @@ import numba
 import numpy as np
 import torch
 
-from portable_verify.backends.numba_host import (
+from portable_verify.backends.numba.chain import (
+    TEMP_HIGH,
+    TEMP_LOW,
+    _softmax_row,
+    draw,
+    draw_checked,
+)
+from portable_verify.backends.numba.host import (
     EMPTY_F32_2,
     HALF,
     host_array,
@@ -31,14 +38,7 @@ from portable_verify.backends.numba_host import (
     run_split,
     threads_for,
 )
-from portable_verify.backends.numba_kernels import (
-    TEMP_HIGH,
-    TEMP_LOW,
-    _softmax_row,
-    draw,
-    draw_checked,
-)
-from portable_verify.backends.numba_math import JIT, entropy, residual, row_argmax, row_stats
+from portable_verify.backends.numba.rows import JIT, entropy, residual, row_argmax, row_stats
 from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 from portable_verify.core.tree import TreeInputs
 

@@ -32,11 +32,11 @@ from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
 
 _INTERPRET: bool = bool(globals().get("_INTERPRET", False))  # injected by the interpreter copy
 if _INTERPRET:
-    from portable_verify.backends.triton_interpreter import interpreted_kernels
+    from portable_verify.backends.triton.interpreter import interpreted_kernels
 
     _chain = interpreted_kernels()
 else:
-    from portable_verify.backends import triton_kernels as _chain
+    from portable_verify.backends.triton import chain as _chain
 
 _kernel, _device = _chain._kernel, _chain._device
 _row_stats, _p_chunk, _row_argmax = _chain._row_stats, _chain._p_chunk, _chain._row_argmax

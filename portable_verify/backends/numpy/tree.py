@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from portable_verify.backends.numpy_ref import (
+from portable_verify.backends.numpy.chain import (
     NumpyReferenceBackend,
     entropy,
     first_argmax,

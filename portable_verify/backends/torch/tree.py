@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.backends.torch_draw import _draw
-from portable_verify.backends.torch_eager import TorchBackend
-from portable_verify.backends.torch_ops import (
+from portable_verify.backends.torch.backend import TorchBackend
+from portable_verify.backends.torch.draw import _draw
+from portable_verify.backends.torch.ops import (
     ArrayOps,
     _logits_sums,
     _probs_entropy,

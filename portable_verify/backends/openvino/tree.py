@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from portable_verify.backends.openvino_tree_graphs import TreeGraph
+from portable_verify.backends.openvino.tree_graphs import TreeGraph
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
 

@@ -41,7 +41,7 @@ class BlockGraph:
     has_draft_probs: bool
 
     def build(self) -> Any:
-        from portable_verify.backends.openvino_block_graphs import build_block
+        from portable_verify.backends.openvino.block_graphs import build_block
 
         return build_block(self.stage, self.is_logits, self.has_draft_probs)
 
@@ -144,7 +144,7 @@ def emit(drafts: np.ndarray, final: np.ndarray, a: np.ndarray) -> np.ndarray:
 def _greedy_rows(backend: Any, arrays: dict[str, np.ndarray], temperature: np.ndarray,
                  tokens: np.ndarray, a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Rows with temperature 0 take the greedy graph's answer."""
-    from portable_verify.backends.openvino_graphs import Variant, input_names
+    from portable_verify.backends.openvino.chain_graphs import Variant, input_names
 
     greedy = Variant("greedy")
     g_tokens, g_a = backend.infer(greedy, [arrays[name] for name in input_names(greedy)])

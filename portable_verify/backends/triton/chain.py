@@ -16,7 +16,7 @@ Design (docs/backends.md, "CUDA, XPU and Triton"): at most two launches per call
 Everything is decided on the device from tensors; the launcher only reads shapes and host flags,
 so a call can be captured in a CUDA graph (after one warm-up call has compiled the kernels).
 
-Interpreter: :mod:`portable_verify.backends.triton_interpreter` executes this file a second time
+Interpreter: :mod:`portable_verify.backends.triton.interpreter` executes this file a second time
 as a private module with ``_INTERPRET = True`` injected, so the same kernels run on CPU tensors
 while this module's compiled kernels stay untouched.
 """
@@ -30,7 +30,7 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from portable_verify.backends.triton_interpreter import InterpretedDevice
+from portable_verify.backends.triton.interpreter import InterpretedDevice
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
 
 _INTERPRET: bool = bool(globals().get("_INTERPRET", False))  # injected by the interpreter copy
@@ -428,7 +428,7 @@ def _block(v: int, cap: int) -> int:
 
 def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the kernels on ``inputs`` (torch tensors on a Triton device; CPU tensors in the
-    interpreter copy, see :func:`portable_verify.backends.triton_interpreter.verify_interpreted`).
+    interpreter copy, see :func:`portable_verify.backends.triton.interpreter.verify_interpreted`).
 
     Host work is shape arithmetic and buffer allocation only, so the call is CUDA-graph
     capturable once compiled.

@@ -22,7 +22,7 @@ import math
 import numba
 import numpy as np
 
-from portable_verify.backends.numba_kernels import (
+from portable_verify.backends.numba.chain import (
     DRAW_COUNTER,
     ERROR_NONE,
     TEMP_HIGH,
@@ -40,7 +40,7 @@ from portable_verify.backends.numba_kernels import (
     _u,
     draw,
 )
-from portable_verify.backends.numba_math import (
+from portable_verify.backends.numba.rows import (
     JIT,
     _add_reassoc,
     _exp32,

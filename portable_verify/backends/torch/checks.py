@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from portable_verify.backends.torch_ops import Array, ArrayOps
+from portable_verify.backends.torch.ops import Array, ArrayOps
 from portable_verify.core.types import VerifyInputs
 from portable_verify.core.validation import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF, in_float32_note
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from portable_verify.backends import torch_ops
-from portable_verify.backends.torch_checks import ReadChecks
-from portable_verify.backends.torch_draw import _draw
-from portable_verify.backends.torch_ops import (
+from portable_verify.backends.torch import ops as torch_ops
+from portable_verify.backends.torch.checks import ReadChecks
+from portable_verify.backends.torch.draw import _draw
+from portable_verify.backends.torch.ops import (
     Array,
     ArrayOps,
     _logits_sums,

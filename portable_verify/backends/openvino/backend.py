@@ -112,7 +112,7 @@ class OpenVINOBackend(Backend):
         when given, else as an ``openvino_graphs.Variant``."""
         model = self._compiled.get(variant)
         if model is None:
-            from portable_verify.backends import openvino_graphs
+            from portable_verify.backends.openvino import chain_graphs as openvino_graphs
 
             devices = self._available_devices()
             if not _device_present(self.device, devices):
@@ -168,14 +168,14 @@ class OpenVINOBackend(Backend):
         return {key: value for key, value in wanted.items() if key in supported}
 
     def run(self, inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
-        from portable_verify.backends.openvino_graphs import input_names
+        from portable_verify.backends.openvino.chain_graphs import input_names
 
         b, k = inputs.batch_size, inputs.num_positions
         if b == 0:
             return np.zeros((0, k + 1), np.int64), np.zeros(0, np.int64)
         arrays = _graph_arrays(inputs)
         if inputs.sampled_method == "block" and not inputs.all_greedy:
-            from portable_verify.backends.openvino_block import verify_block
+            from portable_verify.backends.openvino.block import verify_block
 
             tokens, accepted = verify_block(self, inputs, arrays)
         else:
@@ -188,7 +188,7 @@ class OpenVINOBackend(Backend):
 
 
     def run_tree(self, inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from portable_verify.backends.openvino_tree import Scalars, verify_tree_openvino
+        from portable_verify.backends.openvino.tree import Scalars, verify_tree_openvino
 
         inputs.check_layout()
         scalars = Scalars(np.array(argmax_block(inputs.vocab_size), np.int64),
@@ -198,7 +198,7 @@ class OpenVINOBackend(Backend):
 
 def _variant(inputs: VerifyInputs, has_draft_probs: bool) -> Any:
     """The ``openvino_graphs.Variant`` that decides ``inputs`` (token-wise methods)."""
-    from portable_verify.backends.openvino_graphs import Variant
+    from portable_verify.backends.openvino.chain_graphs import Variant
 
     if inputs.all_greedy:
         return Variant("greedy")

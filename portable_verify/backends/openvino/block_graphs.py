@@ -10,7 +10,7 @@ from __future__ import annotations
 import openvino as ov
 import openvino.opset13 as ops
 
-from portable_verify.backends.openvino_graphs import (
+from portable_verify.backends.openvino.chain_graphs import (
     FLOAT32_MAX,
     FLOAT32_TINY,
     Node,

@@ -78,7 +78,7 @@ def _gpu_availability(device_type: str) -> Availability:
         return Availability(False, f"Triton {triton.__version__} drives {target.backend!r}, not "
                                    f"{device_type!r} devices{extra}")
     try:
-        from portable_verify.backends import triton_kernels
+        from portable_verify.backends.triton import chain as triton_kernels
     except Exception as exc:  # pragma: no cover - a Triton too old for the kernels' language
         return Availability(False, f"the Triton kernels failed to load ({exc})")
     mode = ("interpreted (TRITON_INTERPRET=1 was set when Triton loaded: slow)"
@@ -93,7 +93,7 @@ def _interpreter_availability() -> Availability:
     try:
         import triton
 
-        from portable_verify.backends import triton_interpreter
+        from portable_verify.backends.triton import interpreter as triton_interpreter
 
         triton_interpreter.interpreted_kernels()
     except Exception as exc:  # pragma: no cover - depends on the triton build
@@ -132,18 +132,18 @@ class TritonBackend(Backend):
 
     def run(self, inputs: VerifyInputs) -> tuple[Any, Any]:
         if self.device == INTERPRETER:
-            from portable_verify.backends.triton_interpreter import verify_interpreted
+            from portable_verify.backends.triton.interpreter import verify_interpreted
 
             return verify_interpreted(inputs)
-        from portable_verify.backends.triton_kernels import verify_triton
+        from portable_verify.backends.triton.chain import verify_triton
 
         return verify_triton(inputs)
 
     def run_tree(self, inputs: TreeInputs) -> tuple[Any, Any, Any]:
         if self.device == INTERPRETER:
-            from portable_verify.backends.triton_interpreter import verify_tree_interpreted
+            from portable_verify.backends.triton.interpreter import verify_tree_interpreted
 
             return verify_tree_interpreted(inputs)
-        from portable_verify.backends.triton_tree import verify_tree_triton
+        from portable_verify.backends.triton.tree import verify_tree_triton
 
         return verify_tree_triton(inputs)

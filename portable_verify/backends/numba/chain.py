@@ -6,7 +6,7 @@ requests run at once on several threads (``numba_cpu``; docs/decisions.md says w
 and not numba's parallel layer). Semantics are
 docs/semantics.md; each request is ``numpy_ref.verify_one``'s twin, in the same two halves
 (:func:`accept_prefix`, :func:`final_token`); the row passes are
-:mod:`portable_verify.backends.numba_math` (vectorised max, argmax, exp, log).
+:mod:`portable_verify.backends.numba.rows` (vectorised max, argmax, exp, log).
 
 Arrays that an option leaves out are passed as empty arrays of the same dtype and rank, so the
 kernel compiles once; the options travel as one record (:data:`OPTIONS`).
@@ -21,7 +21,7 @@ import numpy as np
 from numba import types
 from numba.extending import intrinsic
 
-from portable_verify.backends.numba_math import (
+from portable_verify.backends.numba.rows import (
     _CHUNK,
     JIT,
     _chunk_max,

@@ -1,11 +1,11 @@
 """The torch backend's draws: the two-level inverse-CDF search and the residual draws built on
-it (for :class:`~portable_verify.backends.torch_ops.ArrayOps` arrays)."""
+it (for :class:`~portable_verify.backends.torch.ops.ArrayOps` arrays)."""
 
 from __future__ import annotations
 
 import torch
 
-from portable_verify.backends.torch_ops import Array, ArrayOps
+from portable_verify.backends.torch.ops import Array, ArrayOps
 
 DRAW_BLOCK = 256
 """Block length of the two-level inverse-CDF draw (used when ``V > 4 * DRAW_BLOCK``)."""

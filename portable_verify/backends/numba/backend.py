@@ -1,4 +1,4 @@
-"""The compiled CPU backend: one numba kernel per call (``backends/numba_kernels.py``).
+"""The compiled CPU backend: one numba kernel per call (``backends/numba/chain.py``).
 
 Why a backend of its own: on CPU the torch backend's cost at batch 1-8 is its ~100 array calls
 (docs/benchmarks.md); here the whole decision, its default-level checks and the uniforms are
@@ -21,7 +21,7 @@ from portable_verify.backends.base import (
     BackendTraits,
     ReadValueError,
 )
-from portable_verify.backends.numba_host import (
+from portable_verify.backends.numba.host import (
     EMPTY_F32_1,
     EMPTY_F32_2,
     EMPTY_I64_1,
@@ -43,8 +43,8 @@ from portable_verify.core.types import VerifyCall, VerifyInputs
 try:  # numba is optional (the `cpu` extra): without it the backend reports itself unavailable
     import numba
 
-    from portable_verify.backends import numba_block
-    from portable_verify.backends import numba_kernels as kernels
+    from portable_verify.backends.numba import block as numba_block
+    from portable_verify.backends.numba import chain as kernels
 except ImportError:
     kernels = numba_block = None
 
@@ -229,8 +229,8 @@ class NumbaBackend(Backend):
         return torch.from_numpy(tokens), torch.from_numpy(accepted)
 
     def run_tree(self, inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The tree walk as one kernel (``backends/numba_tree.py``)."""
-        from portable_verify.backends.numba_tree import tree_arrays  # it imports this module
+        """The tree walk as one kernel (``backends/numba/tree.py``)."""
+        from portable_verify.backends.numba.tree import tree_arrays  # it imports this module
 
         tokens, nodes, accepted, ok = tree_arrays(inputs)
         if not ok:

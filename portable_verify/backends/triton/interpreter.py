@@ -2,7 +2,7 @@
 
 Why: Triton reads ``TRITON_INTERPRET`` when ``@triton.jit`` *decorates* a function, not at
 launch. Setting that process-wide variable would turn a real GPU session's kernels into
-interpreted ones. Instead :func:`interpreted_kernels` executes ``triton_kernels.py`` a second time
+interpreted ones. Instead :func:`interpreted_kernels` executes ``triton/chain.py`` a second time
 as a private module with ``_INTERPRET = True`` injected, so its kernels are wrapped in Triton's
 ``InterpretedFunction`` directly, and :func:`verify_interpreted` launches them with the standard
 library swapped for interpreted versions. This module never imports the kernel module itself.
@@ -22,8 +22,8 @@ from typing import Any
 
 import triton.language as tl
 
-KERNEL_MODULE = "portable_verify.backends.triton_kernels"
-TREE_MODULE = "portable_verify.backends.triton_tree"
+KERNEL_MODULE = "portable_verify.backends.triton.chain"
+TREE_MODULE = "portable_verify.backends.triton.tree"
 
 _COPY_LOCK = threading.RLock()  # a tree kernel copy imports the chain kernels' copy
 _COPIES: dict[str, ModuleType] = {}

@@ -15,8 +15,8 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from portable_verify.backends.openvino_block_graphs import safe_temperature
-from portable_verify.backends.openvino_graphs import (
+from portable_verify.backends.openvino.block_graphs import safe_temperature
+from portable_verify.backends.openvino.chain_graphs import (
     _col,
     _dim,
     _f32,

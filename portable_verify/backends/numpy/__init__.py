@@ -1,0 +1,1 @@
+"""The numpy reference: docs/semantics.md as code, for chains and trees."""

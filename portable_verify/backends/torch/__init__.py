@@ -1,0 +1,1 @@
+"""Eager torch on any torch device: chains, block verification and trees."""
