@@ -22,8 +22,9 @@ import numpy as np
 import torch
 
 from portable_verify.backends.base import Availability, Backend, ReadValueError
+from portable_verify.core.methods import CHAIN
 from portable_verify.core.tree import TreeInputs
-from portable_verify.core.types import VerifyInputs
+from portable_verify.core.types import VerifyCall, VerifyInputs
 
 ENV_BACKEND = "PORTABLE_VERIFY_BACKEND"
 
@@ -160,66 +161,72 @@ def _warn_once(requested: str, skipped: str, reason: str, chosen: str) -> None:
                 requested, skipped, reason, chosen)
 
 
-def select_backend(requested: str, device_type: str, method: str | None = None) -> Backend:
-    """Resolve ``backend=`` for inputs on ``device_type``.
+def select_backend(requested: str, device_type: str, rule: str | None = None,
+                   layout: str = CHAIN) -> Backend:
+    """Resolve ``backend=`` for a call of ``layout`` on ``device_type`` tensors.
 
-    ``"auto"`` honours ``PORTABLE_VERIFY_BACKEND`` first, then the preference list of the
-    device type (:data:`AUTO_PREFERENCE`); anything else names one backend, which must run.
-    ``method``: the rule of the call's sampled rows (None: greedy only, which every backend
-    does); ``auto`` skips backends without it and an explicit backend without it is refused.
-    The answer is cached per name, device type, method and ``PORTABLE_VERIFY_BACKEND`` (this
-    runs on every call; registering a backend forgets it).
+    ``rule``: the rule of the call's sampled rows (the method table's ``rule``; None: greedy
+    rows only). ``"auto"`` honours ``PORTABLE_VERIFY_BACKEND`` first, then the device type's
+    preference list (:data:`AUTO_PREFERENCE`, then ``torch`` and, on CPU, the numpy
+    reference), keeping only backends that implement the layout and rule: it never picks, nor
+    falls back to, one that lacks them. Anything else names one backend, which must run and
+    implement them. The answer is cached per name, device type, rule, layout and override
+    (this runs on every call; registering a backend forgets it).
     """
-    if not isinstance(requested, str):
+    if type(requested) is not str:
         raise TypeError(f"backend must be a backend name (str), got {requested!r}")
-    key = (requested, device_type, method,  # (the override's raw value, read inline: hot)
+    key = (requested, device_type, rule, layout,  # (the override's raw value, read inline: hot)
            os.environ.get(ENV_BACKEND) if _ENVIRON_DATA is None else _ENVIRON_DATA.get(_ENV_KEY))
     backend = _SELECTED.get(key)
     if backend is None:
-        backend = _SELECTED[key] = _select(requested, device_type, method)
+        backend = _SELECTED[key] = _select(requested, device_type, rule, layout)
     return backend
 
 
-def _select(requested: str, device_type: str, method: str | None) -> Backend:
-    if not isinstance(requested, str):
-        raise TypeError(f"backend must be a backend name (str), got {requested!r}")
+def _select(requested: str, device_type: str, rule: str | None, layout: str) -> Backend:
     requested = ALIASES.get(requested, requested)
     if requested == "auto":
         override = os.environ.get(ENV_BACKEND, "").strip()
         if override and override != "auto":
-            return _select(override, device_type, method)
+            return _select(override, device_type, rule, layout)
         requested = f"auto:{device_type}"
     if requested.startswith("auto:"):
-        wanted = requested.partition(":")[2]
-        candidates = AUTO_PREFERENCE.get(wanted, (f"torch:{wanted}",))
-        if method is not None:  # greedy-only calls need no filter
-            candidates = tuple(n for n in candidates
-                               if _has_method(_instantiate(n), method)) or (f"torch:{wanted}",)
-        for i, name in enumerate(candidates):
-            backend = _instantiate(name)
-            status = backend.availability()
-            if status.available:
-                if i > 0:
-                    _warn_once(requested, candidates[0],
-                               _instantiate(candidates[0]).availability().reason, name)
-                return backend
-        return get_backend(candidates[-1])  # raises, naming why
+        return _automatic(requested.partition(":")[2], rule, layout)
     backend = get_backend(_canonical(requested, device_type))
-    if not _has_method(backend, method):
-        has = list(backend.traits.sampled_methods)
-        raise ValueError(f"method={method!r} is not implemented by backend "
-                         f"{backend.qualified_name!r} (it has {has}); use backend=\"auto\" or "
-                         f"one of {_backends_with(method)}")
+    if not backend.traits.implements(layout, rule):
+        lacks = (f"does not verify {layout}s" if layout not in backend.traits.layouts
+                 else f"does not implement {_what(rule, layout)}")
+        raise ValueError(f"backend {backend.qualified_name!r} {lacks}; use backend=\"auto\" "
+                         f"or one of {_backends_with(rule, layout)}")
     return backend
 
 
-def _has_method(backend: Backend, method: str | None) -> bool:
-    return method is None or method in backend.traits.sampled_methods
+def _automatic(device_type: str, rule: str | None, layout: str) -> Backend:
+    """The first available backend of the device's preference list that implements ``rule``
+    for ``layout``; a warning, once, names a better one that could not run."""
+    names = dict.fromkeys([*AUTO_PREFERENCE.get(device_type, ()), f"torch:{device_type}",
+                           *(["numpy"] if device_type == "cpu" else [])])
+    capable = [n for n in names if _instantiate(n).traits.implements(layout, rule)]
+    if not capable:
+        raise ValueError(f"no backend implements {_what(rule, layout)} on {device_type}; "
+                         f"backends that do: {_backends_with(rule, layout)}")
+    for i, name in enumerate(capable):
+        backend = _instantiate(name)
+        if backend.availability().available:
+            if i > 0:
+                _warn_once(f"auto:{device_type}", capable[0],
+                           _instantiate(capable[0]).availability().reason, name)
+            return backend
+    return get_backend(capable[-1])  # raises, naming why
 
 
-def _backends_with(method: str | None) -> list[str]:
-    """The available backends that implement ``method`` (for an error message)."""
-    return [n for n in available_backends() if _has_method(_instantiate(n), method)]
+def _what(rule: str | None, layout: str) -> str:
+    return f"greedy {layout}s" if rule is None else f"method={rule!r} for {layout}s"
+
+
+def _backends_with(rule: str | None, layout: str) -> list[str]:
+    """The available backends that implement ``rule`` for ``layout`` (for error messages)."""
+    return [n for n in available_backends() if _instantiate(n).traits.implements(layout, rule)]
 
 
 try:  # CPython keeps the environment in an encoded dict: reading it directly skips decoding
@@ -243,86 +250,78 @@ def numpy_inputs(inputs: Any) -> Any:
     return replace(inputs, **changes)
 
 
-def run(requested: str | Backend, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the backend ``requested`` names (or that backend itself, already selected) on
-    ``inputs``; int64 tensors on the inputs' device."""
-    device = inputs.target.device
-    backend = (requested if isinstance(requested, Backend)
-               else select_backend(requested, device.type,
-                                   None if inputs.all_greedy else inputs.sampled_method))
-    if backend.torch_device_type() != device.type:
-        raise ValueError(
-            f"backend={backend.qualified_name!r} runs on {backend.torch_device_type()} tensors; "
-            f"the inputs are on {device}"
-        )
-    if backend.array_kind == "numpy":
-        tokens, accepted = backend.run(numpy_inputs(inputs))
-        tokens, accepted = torch.from_numpy(np.asarray(tokens)), torch.from_numpy(
-            np.asarray(accepted))
-    else:
-        try:
+def run(backend: Backend, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run ``backend`` on ``inputs``: ``(token_ids, num_accepted)`` as int64 tensors on the
+    inputs' device. A value a compiled backend only flagged (:class:`ReadValueError`) is worded
+    by :func:`reword`."""
+    device = _same_device(backend, inputs.target)
+    try:
+        if backend.array_kind == "numpy":
+            tokens, accepted = (torch.from_numpy(np.asarray(a))
+                                for a in backend.run(numpy_inputs(inputs)))
+        else:
             tokens, accepted = backend.run(inputs)
-        except ReadValueError:
-            # The backend only flagged a bad value: the torch backend's checks word it.
-            fallback = get_backend(f"torch:{device.type}")
-            tokens, accepted = fallback.run(replace(inputs, check_read_values=True))
+    except ReadValueError:
+        tokens, accepted = reword(inputs, device)
     return (tokens.to(device=device, dtype=torch.int64),
             accepted.to(device=device, dtype=torch.int64))
 
 
-def tree_backends() -> list[str]:
-    """Canonical names of the available backends that verify trees."""
-    return [n for n in available_backends() if _instantiate(n).traits.supports_trees]
-
-
-def select_tree_backend(requested: str, device_type: str) -> Backend:
-    """:func:`select_backend` for ``verify_tree``: ``auto`` takes the first backend of the
-    device's preference list (the override included) that verifies trees; a named backend that
-    does not is an error saying which do."""
-    if not isinstance(requested, str):
-        raise TypeError(f"backend must be a backend name (str), got {requested!r}")
-    name = ALIASES.get(requested, requested)
-    if name == "auto" or name.startswith("auto:"):
-        wanted = device_type if name == "auto" else name.partition(":")[2]
-        override = os.environ.get(ENV_BACKEND, "").strip() if name == "auto" else ""
-        candidates = ([override] if override and override != "auto" else []) + [
-            *AUTO_PREFERENCE.get(wanted, ()), f"torch:{wanted}", *(["numpy"] * (wanted == "cpu"))]
-        for candidate in candidates:
-            backend = _instantiate(_canonical(candidate, wanted))
-            if backend.traits.supports_trees and backend.availability().available:
-                return backend
-        raise RuntimeError(f"no available backend verifies trees on {wanted}; "
-                           f"backends that do: {tree_backends()}")
-    backend = select_backend(name, device_type)
-    if not backend.traits.supports_trees:
-        raise ValueError(f"backend={requested!r} does not verify trees; backends that do: "
-                         f"{tree_backends()}")
-    return backend
+def run_call(backend: Backend, call: VerifyCall) -> tuple[Any, Any, Any, Any] | None:
+    """A plain host call decided by a backend with ``traits.host_calls``: its four numpy
+    arrays, or None when the kernel flagged a value it reads (the caller then completes the call
+    into :class:`VerifyInputs` and :func:`run` words the error, the one protocol)."""
+    try:
+        return backend.run_call(call)
+    except ReadValueError:
+        return None
 
 
 def run_tree(backend: Backend, inputs: TreeInputs
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Run a tree backend on ``inputs``: ``(token_ids, node_ids, num_accepted)`` as int64
-    tensors on the inputs' device."""
-    device = inputs.target.device
-    if backend.torch_device_type() != device.type:
-        raise ValueError(
-            f"backend={backend.qualified_name!r} runs on {backend.torch_device_type()} tensors; "
-            f"the inputs are on {device}"
-        )
+    """:func:`run` for trees: ``(token_ids, node_ids, num_accepted)`` as int64 tensors."""
+    device = _same_device(backend, inputs.target)
     inputs.check_layout()
-    if backend.array_kind == "numpy":
-        out = backend.run_tree(numpy_inputs(inputs))
-        out = tuple(torch.from_numpy(np.asarray(a)) for a in out)
-    else:
-        out = backend.run_tree(inputs)
+    try:
+        if backend.array_kind == "numpy":
+            out = tuple(torch.from_numpy(np.asarray(a))
+                        for a in backend.run_tree(numpy_inputs(inputs)))
+        else:
+            out = backend.run_tree(inputs)
+    except ReadValueError:
+        out = reword(inputs, device)
     tokens, nodes, accepted = (a.to(device=device, dtype=torch.int64) for a in out)
     return tokens, nodes, accepted
 
 
+def reword(inputs: VerifyInputs | TreeInputs, device: torch.device) -> tuple[Any, ...]:
+    """The one protocol for a flagged value: a compiled kernel returns a flag, not a message,
+    so the same inputs run on the torch backend of their device with every value it reads
+    checked, which raises the worded error (one source of messages)."""
+    fallback = get_backend(f"torch:{device.type}")
+    checked = replace(inputs, check_read_values=True)
+    if isinstance(inputs, TreeInputs):
+        return fallback.run_tree(checked)
+    return fallback.run(checked)
+
+
+def _same_device(backend: Backend, target: torch.Tensor) -> torch.device:
+    device = target.device
+    if backend.torch_device_type() != device.type:
+        raise ValueError(
+            f"backend={backend.qualified_name!r} runs on {backend.torch_device_type()} tensors; "
+            f"the inputs are on {device}")
+    return device
+
+
+def backends_for(layout: str, rule: str | None = None) -> list[str]:
+    """Canonical names of the available backends that implement ``rule`` (None: greedy rows)
+    for ``layout``."""
+    return _backends_with(rule, layout)
+
+
 register_backend("numba", lazy("portable_verify.backends.numba.backend", "NumbaBackend"))
-register_backend("numpy", lazy("portable_verify.backends.numpy.tree",
-                                "NumpyReferenceTreeBackend"))
-register_backend("torch", lazy("portable_verify.backends.torch.tree", "TorchTreeBackend"))
+register_backend("numpy", lazy("portable_verify.backends.numpy.backend", "NumpyReferenceBackend"))
+register_backend("torch", lazy("portable_verify.backends.torch.backend", "TorchBackend"))
 register_backend("triton", lazy("portable_verify.backends.triton.backend", "TritonBackend"))
 register_backend("openvino", lazy("portable_verify.backends.openvino.backend", "OpenVINOBackend"))

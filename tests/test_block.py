@@ -86,7 +86,7 @@ class _TorchWithoutBlock(TorchBackend):
     """A test double: the torch backend declaring no block rule (every real backend has one)."""
 
     name = "noblock"
-    traits = dataclasses.replace(TorchBackend.traits, sampled_methods=("rejection", "typical"))
+    traits = dataclasses.replace(TorchBackend.traits, chain_rules=("rejection", "typical"))
 
 
 @pytest.fixture

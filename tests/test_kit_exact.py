@@ -20,7 +20,7 @@ import torch
 
 import portable_verify as pv
 from portable_verify.backends.numpy import chain as numpy_ref
-from portable_verify.backends.numpy.chain import NumpyReferenceBackend
+from portable_verify.backends.numpy.backend import NumpyReferenceBackend
 from portable_verify.backends.torch.backend import TorchBackend
 from portable_verify.testing.checks.near_boundary import near_boundary_rows
 from portable_verify.testing.kit import run_check
@@ -167,7 +167,7 @@ LEAKY_SOAK = """
 import sys
 import torch
 import portable_verify as pv
-from portable_verify.backends.numpy.chain import NumpyReferenceBackend
+from portable_verify.backends.numpy.backend import NumpyReferenceBackend
 from portable_verify.testing.checks.memory_soak import soak
 
 

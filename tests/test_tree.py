@@ -3,6 +3,8 @@ trip, dispatch of tree backends, and worked examples whose answers are derived b
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -57,14 +59,18 @@ def test_deterministic_siblings_worked_example() -> None:
 
 
 def test_auto_backend_verifies_trees_on_cpu() -> None:
-    assert pv.get_backend("numpy").traits.supports_trees
+    assert pv.get_backend("numpy").traits.implements("tree", "rejection")
     from portable_verify import dispatch
-    assert dispatch.select_tree_backend("auto", "cpu").traits.supports_trees
+    assert dispatch.select_backend("auto", "cpu", "rejection", "tree").traits.implements(
+        "tree", "rejection")
 
 
 def test_a_backend_without_trees_is_refused_by_name() -> None:
-    class NoTrees(pv.get_backend("numpy").__class__.__mro__[1]):  # the chain-only reference
+    reference = type(pv.get_backend("numpy"))
+
+    class NoTrees(reference):  # the reference, serving chains only
         name = "_no_trees"
+        traits = dataclasses.replace(reference.traits, layouts=("chain",))
 
     pv.register_backend("_no_trees", lambda _device: NoTrees())
     try:

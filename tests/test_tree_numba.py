@@ -29,7 +29,7 @@ def _rooted_pair() -> dict[str, torch.Tensor]:
 
 
 def test_auto_picks_numba_for_trees_on_cpu() -> None:
-    assert dispatch.select_tree_backend("auto", "cpu").qualified_name == "numba:cpu"
+    assert dispatch.select_backend("auto", "cpu", "rejection", "tree").qualified_name == "numba:cpu"
 
 
 def test_validate_true_checks_the_rows_the_walk_reads() -> None:

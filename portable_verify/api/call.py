@@ -10,13 +10,17 @@ transfer, and the caller's bonus tokens afterwards. These rules exist once, for 
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import torch
 
 from portable_verify import dispatch
-from portable_verify.backends.base import Backend, ReadValueError
-from portable_verify.core import arguments, layout, rng
+from portable_verify.backends.base import Backend
+from portable_verify.core import arguments, layout, methods, rng
 from portable_verify.core.arguments import ArrayLike, to_tensor
+from portable_verify.core.tree import TreeCall, TreeInputs, TreeResult
+from portable_verify.core.tree_validation import check_tree_inputs
 from portable_verify.core.types import (
     INVALID_DRAFT_TOKEN_ID,
     HostTensorResult,
@@ -29,6 +33,8 @@ from portable_verify.core.validation import (
     check_ids,
     check_logits,
     check_probs,
+    check_temperatures,
+    check_uniforms,
     require_int,
     require_rank,
 )
@@ -53,24 +59,15 @@ def effective_counts(drafts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
 
 def decide(call: VerifyCall) -> VerifyResult:
     """Pick the backend for ``call``, run it, and shape the result."""
-    options = call.options
-    method = options.method
-    if method == "greedy" or (type(call.temperature) is float and call.temperature == 0.0):
-        method = None  # greedy rows only: every backend has the rule
-    elif method == "auto":
-        method = "rejection"
     host = call.host
     backend = dispatch.select_backend(call.backend, "cpu" if host else call.target.device.type,
-                                      method)
+                                      call.rule)
     if host and backend.traits.host_calls and call.validate != "full":
-        try:
-            tokens, accepted, emitted, counts = backend.run_call(call)
-        except ReadValueError:  # a value it reads is invalid: the full tail words the error
-            backend = dispatch.get_backend("torch:cpu")
-        else:
+        out = dispatch.run_call(backend, call)
+        if out is not None:
             if call.return_numpy:
-                return VerifyResult._of(tokens, accepted, emitted, counts)
-            return HostTensorResult.of_host(tokens, accepted, emitted, counts)
+                return VerifyResult._of(*out)
+            return HostTensorResult.of_host(*out)
     return _decide_inputs(_tensors(call), backend)
 
 
@@ -98,9 +95,8 @@ def _tensors(call: VerifyCall) -> VerifyCall:
         q_rows = (torch.from_numpy(layout.padded_draft_rows(b, k, counts.numpy()))
                   if device.type == "cpu" else layout.padded_draft_rows(b, k, counts))
     u = to_tensor("uniforms", call.uniforms)
-    return VerifyCall(drafts, counts, target, call.target_name, rows, q, q_rows,
-                      call.temperature, call.seed, call.seed_offset, u, call.bonus,
-                      call.options, call.validate, call.backend, False, call.return_numpy)
+    return dataclasses.replace(call, drafts=drafts, counts=counts, target=target, rows=rows,
+                               draft_probs=q, draft_rows=q_rows, uniforms=u, host=False)
 
 
 def _decide_inputs(call: VerifyCall, backend: Backend) -> VerifyResult:
@@ -109,27 +105,14 @@ def _decide_inputs(call: VerifyCall, backend: Backend) -> VerifyResult:
     counts = effective_counts(drafts, call.counts)
     b, k = drafts.shape
     device = target.device
-    if options.method == "greedy":
-        temps = torch.zeros(b, dtype=torch.float32, device=device)
-        all_greedy, none_greedy = True, False
-    else:
-        temps, all_greedy, none_greedy = arguments.temperatures(
-            call.temperature, b, device, has_probs=not call.is_logits, validate=call.validate)
     explicit_u = call.uniforms
-    u = None
-    if not all_greedy:
-        if explicit_u is not None:
-            u = explicit_u.to(torch.float32)
-        else:
-            seeds = arguments.request_seeds(call.seed, b, device, call.validate)
-            offsets = arguments.request_offsets(call.seed_offset, b, device, call.validate)
-            u = rng.uniforms_torch(seeds, offsets, k + 1)
+    temps, all_greedy, none_greedy, u = randomness(call, b, k + 1, device)
     bonus = _bonus_argument(call.bonus, b, device, call.validate)
     # The default level rides on the passes of a backend that checks what it reads; "full"
     # (and any other backend) scans every row here first. Block verification's backward scan
     # reads a data-dependent set of rows: it is checked here too (docs/semantics.md).
     rides = (call.validate is True and backend.traits.checks_what_it_reads
-             and options.sampled_method != "block")
+             and call.rule != "block")
     if call.validate:
         _check_values(call, counts, temps, u if explicit_u is not None else None, bonus,
                       scan_rows=not rides)
@@ -200,13 +183,7 @@ def _check_values(call: VerifyCall, read_counts: torch.Tensor, temps: torch.Tens
         ((counts < 0) | (counts > k)).any(),
         lambda: f"num_draft_tokens must lie in [0, K={k}], got {counts.tolist()}",
     )
-    bad_t = ~((temps >= 0) & (temps < float("inf")))
-    checks.add(bad_t.any(),
-               lambda: f"temperature must be finite and >= 0, got {temps.tolist()}")
-    if call.target_name == "target_probs":
-        rescaled = (temps != 0) & (temps != 1)
-        checks.add(rescaled.any(), lambda: "temperature cannot be applied to target_probs (only "
-                   f"0 = greedy or 1 per row); pass target_logits. Got {temps.tolist()}")
+    check_temperatures(checks, temps, call.target_name)
     pos = (np.arange(k) if isinstance(drafts, np.ndarray)
            else torch.arange(k, device=drafts.device))
     used = read_counts[:, None] > pos[None, :]  # position j < n: its id is read
@@ -224,10 +201,52 @@ def _check_values(call: VerifyCall, read_counts: torch.Tensor, temps: torch.Tens
             used_q[call.draft_rows[used]] = True
             check_probs(checks, "draft_probs", call.draft_probs, used_q)
     if explicit_u is not None:
-        bad_u = ~((explicit_u > 0) & (explicit_u <= 1))
-        checks.add(bad_u.any(), lambda: "uniforms must lie in (0, 1] (and not be NaN)")
+        check_uniforms(checks, explicit_u)
     if bonus is not None:
         every = (np.ones(bonus.shape, dtype=bool) if isinstance(bonus, np.ndarray)
                  else torch.ones_like(bonus, dtype=torch.bool))
         check_ids(checks, "bonus_token_ids", bonus, every, v)
     checks.raise_first()
+
+
+def randomness(call: VerifyCall | TreeCall, b: int, columns: int, device: torch.device
+               ) -> tuple[torch.Tensor, bool, bool, torch.Tensor | None]:
+    """``(temperatures [B], all_greedy, none_greedy, uniforms [B, columns] or None)`` of a call
+    of either layout: the caller's uniforms, else the counter-hash streams of its seeds and
+    offsets (docs/semantics.md, "Randomness")."""
+    if call.options.method == "greedy":
+        return torch.zeros(b, dtype=torch.float32, device=device), True, False, None
+    temps, all_greedy, none_greedy = arguments.temperatures(
+        call.temperature, b, device, has_probs=call.target_name == "target_probs",
+        validate=call.validate)
+    if all_greedy:
+        return temps, True, none_greedy, None
+    if call.uniforms is not None:
+        return temps, False, none_greedy, call.uniforms.to(device=device, dtype=torch.float32)
+    seeds = arguments.request_seeds(call.seed, b, device, call.validate)
+    offsets = arguments.request_offsets(call.seed_offset, b, device, call.validate)
+    return temps, False, none_greedy, rng.uniforms_torch(seeds, offsets, columns)
+
+
+def decide_tree(call: TreeCall) -> TreeResult:
+    """The tree tail: the same selector, randomness, checks and error protocol as a chain call.
+
+    ``validate=True`` rides on the walk of a backend that checks the rows it reads
+    (``traits.checks_tree_reads``); any other backend, and ``validate="full"``, get every value
+    check first, in one host transfer (docs/semantics.md, "Trees", validation).
+    """
+    b, n = call.node_token_ids.shape
+    device = call.target.device
+    backend = dispatch.select_backend(call.backend, device.type, call.rule, methods.TREE)
+    temps, all_greedy, none_greedy, u = randomness(call, b, n, device)
+    rides = call.validate is True and backend.traits.checks_tree_reads
+    inputs = TreeInputs(
+        node_token_ids=call.node_token_ids, parents=call.parents, num_nodes=call.num_nodes,
+        target=call.target, target_is_logits=call.target_name == "target_logits",
+        draft_probs=call.draft_probs, children=call.children, temperature=temps,
+        all_greedy=all_greedy, none_greedy=none_greedy, uniforms=u, width=call.width,
+        options=call.options, check_read_values=rides)
+    if call.validate and not rides:
+        check_tree_inputs(inputs, explicit_uniforms=call.uniforms is not None)
+    token_ids, node_ids, accepted = dispatch.run_tree(backend, inputs)
+    return TreeResult.of(token_ids, node_ids, accepted, call.return_numpy)

@@ -19,13 +19,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.core import layout
+from portable_verify.core import layout, methods
 from portable_verify.core.arguments import (
     ArrayLike,
     check_temperature_scalar,
     optional_count,
     to_tensor,
 )
+from portable_verify.core.methods import CHAIN
+from portable_verify.core.tree import CHILDREN_MODES, Children, TreeCall
+from portable_verify.core.tree_validation import check_tree_structure
 from portable_verify.core.types import (
     DEFAULT_OPTIONS,
     DEFAULT_TYPICAL,
@@ -44,26 +47,40 @@ from portable_verify.core.validation import (
 _I64 = np.dtype(np.int64)
 _F32 = np.dtype(np.float32)
 _OPTIONS_CACHE: dict[tuple[Any, ...], VerifyOptions] = {}
+_ZERO32 = 2.0**-150
+"""The largest magnitude that rounds to 0 in float32 (ties to even at half the smallest
+subnormal): such a temperature is greedy."""
 
 
 # ---------------------------------------------------------------------------------- options
 
 
 def read_options(method: Any, typical_eps: Any, typical_alpha: Any, options: Any,
-                 backend: Any, validate: Any) -> VerifyOptions:
+                 backend: Any, validate: Any, layout: str = CHAIN) -> VerifyOptions:
     """The call's :class:`VerifyOptions` (cached: building one checks its fields), after the
-    host-only checks of ``backend`` and ``validate``."""
+    host-only checks of ``backend`` and ``validate``; a method that does not serve ``layout``
+    is refused with the one that does (the method table)."""
     if type(backend) is not str:
         raise TypeError(f"backend must be a backend name (str), got {backend!r}")
     if validate is not True and validate is not False and validate != "full":
         raise TypeError(f"validate must be True, False or \"full\", got {validate!r}")
     if options is not None:
-        return options_alone(options, method, typical_eps, typical_alpha)
-    if (method == "auto" and typical_eps is DEFAULT_TYPICAL.eps
+        value = options_alone(options, method, typical_eps, typical_alpha)
+    elif (method == "auto" and typical_eps is DEFAULT_TYPICAL.eps
             and typical_alpha is DEFAULT_TYPICAL.alpha):
         return DEFAULT_OPTIONS
+    else:
+        value = _cached_options(method, typical_eps, typical_alpha)
+    if layout not in methods.TABLE[value.method].layouts:
+        methods.lookup(value.method, layout)  # raises, naming the method that serves it
+    return value
+
+
+def _cached_options(method: Any, typical_eps: Any, typical_alpha: Any) -> VerifyOptions:
+    """One :class:`VerifyOptions` per distinct keyword values; the key holds each value's type,
+    so ``typical_eps=True`` never finds the value cached for ``1``."""
     try:
-        key = (method, typical_eps, typical_alpha)
+        key = (method, type(typical_eps), typical_eps, type(typical_alpha), typical_alpha)
         cached = _OPTIONS_CACHE.get(key)
     except TypeError:  # unhashable: let the constructors say what is wrong
         key, cached = None, None
@@ -75,6 +92,25 @@ def read_options(method: Any, typical_eps: Any, typical_alpha: Any, options: Any
             _OPTIONS_CACHE.clear()
         _OPTIONS_CACHE[key] = value
     return value
+
+
+def _rule(options: VerifyOptions, temperature: Any) -> str | None:
+    """The rule of the call's sampled rows, None when every row is known to be greedy on the
+    host (the greedy method, or a scalar temperature that rounds to 0 in float32): the one place
+    this is decided."""
+    if (type(temperature) is float or type(temperature) is int) and abs(temperature) <= _ZERO32:
+        return None
+    return options.sampled_method
+
+
+def _call(*, drafts: Any, counts: Any, target: Any, target_name: str, rows: Any, q: Any,
+          q_rows: Any, temperature: Any, seed: Any, seed_offset: Any, uniforms: Any, bonus: Any,
+          options: VerifyOptions, validate: Any, backend: str, host: bool,
+          return_numpy: bool) -> VerifyCall:
+    """The one place a :class:`VerifyCall` is built (every layout, both forms)."""
+    return VerifyCall(drafts, counts, target, target_name, rows, q, q_rows, temperature, seed,
+                      seed_offset, uniforms, bonus, options, _rule(options, temperature),
+                      validate, backend, host, return_numpy)
 
 
 # ------------------------------------------------------------------------- plain host form
@@ -151,8 +187,7 @@ def _host_call(drafts: Any, counts: Any, target: Any, target_name: str, rows: An
     if temps is False:
         return None
     seeds = offsets = None
-    if options.method != "greedy" and not (type(temps) is float and temps == 0.0):
-        # (an all-greedy call reads no seed)
+    if _rule(options, temps) is not None:  # (an all-greedy call reads no seed)
         seeds = _plain_ints(seed, b)
         offsets = _plain_ints(seed_offset, b)
         if seeds is False or offsets is False:
@@ -167,8 +202,10 @@ def _host_call(drafts: Any, counts: Any, target: Any, target_name: str, rows: An
             a = a.reshape(b)
         if (bonus_ids := _exact(a, _I64, (b,))) is None:
             return None
-    return VerifyCall(drafts, counts, target, target_name, rows, q, qrows, temps, seeds,
-                      offsets, u, bonus_ids, options, validate, backend, True, return_numpy)
+    return _call(drafts=drafts, counts=counts, target=target, target_name=target_name,
+                 rows=rows, q=q, q_rows=qrows, temperature=temps, seed=seeds,
+                 seed_offset=offsets, uniforms=u, bonus=bonus_ids, options=options,
+                 validate=validate, backend=backend, host=True, return_numpy=return_numpy)
 
 
 def _target(target_logits: Any, target_probs: Any) -> tuple[Any, str]:
@@ -233,13 +270,13 @@ def _general_padded(draft_token_ids: Any, target_logits: Any, target_probs: Any,
     b, k = drafts.shape
     v = target.shape[-1]
     device = target.device
-    return VerifyCall(
-        drafts.to(device=device, dtype=torch.int64),
-        None if counts is None else counts.to(device=device, dtype=torch.int64),
-        target.reshape(b * (k + 1), v), target_name, None,
-        None if q is None else q.reshape(b * k, v), None,
-        temperature, seed, seed_offset, u, bonus_token_ids, options, validate, backend,
-        False, return_numpy)
+    return _call(drafts=drafts.to(device=device, dtype=torch.int64),
+                 counts=None if counts is None else counts.to(device=device, dtype=torch.int64),
+                 target=target.reshape(b * (k + 1), v), target_name=target_name, rows=None,
+                 q=None if q is None else q.reshape(b * k, v), q_rows=None,
+                 temperature=temperature, seed=seed, seed_offset=seed_offset, uniforms=u,
+                 bonus=bonus_token_ids, options=options, validate=validate, backend=backend,
+                 host=False, return_numpy=return_numpy)
 
 
 def target_tensor(target_logits: Any, target_probs: Any) -> tuple[torch.Tensor, str]:
@@ -389,9 +426,11 @@ def _general_ragged(draft_token_ids: Any, num_draft_tokens: Any, cu_num_draft_to
         _check_uniforms_shape(u, counts.shape[0], k, "max_k+1")
     drafts, rows, draft_rows = layout.ragged_maps(flat.to(device), counts, starts, k)
     has_q = q is not None and n > 0
-    return VerifyCall(drafts, counts, target, target_name, rows, q if has_q else None,
-                      draft_rows if has_q else None, temperature, seed, seed_offset, u,
-                      bonus_token_ids, options, validate, backend, False, return_numpy)
+    return _call(drafts=drafts, counts=counts, target=target, target_name=target_name, rows=rows,
+                 q=q if has_q else None, q_rows=draft_rows if has_q else None,
+                 temperature=temperature, seed=seed, seed_offset=seed_offset, uniforms=u,
+                 bonus=bonus_token_ids, options=options, validate=validate, backend=backend,
+                 host=False, return_numpy=return_numpy)
 
 
 def check_ragged(flat: torch.Tensor, counts: torch.Tensor | None, cu: torch.Tensor | None,
@@ -539,13 +578,15 @@ def parse_rows(draft_token_ids: ArrayLike, target_rows: ArrayLike,
     if validate:
         check_rows(drafts_t, target_t, target_name, rows_t, counts_t, q_t, q_rows_t, u)
     device = target_t.device
-    return VerifyCall(
-        drafts_t.to(device=device, dtype=torch.int64),
-        None if counts_t is None else counts_t.to(device=device, dtype=torch.int64),
-        target_t, target_name, rows_t.to(device=device, dtype=torch.int64), q_t,
-        None if q_rows_t is None else q_rows_t.to(device=device, dtype=torch.int64),
-        temperature, seed, seed_offset, u, bonus_token_ids, options, validate, backend, False,
-        return_numpy)
+    return _call(
+        drafts=drafts_t.to(device=device, dtype=torch.int64),
+        counts=None if counts_t is None else counts_t.to(device=device, dtype=torch.int64),
+        target=target_t, target_name=target_name,
+        rows=rows_t.to(device=device, dtype=torch.int64), q=q_t,
+        q_rows=None if q_rows_t is None else q_rows_t.to(device=device, dtype=torch.int64),
+        temperature=temperature, seed=seed, seed_offset=seed_offset, uniforms=u,
+        bonus=bonus_token_ids, options=options, validate=validate, backend=backend, host=False,
+        return_numpy=return_numpy)
 
 
 def _rows_of(x: Any) -> int:
@@ -600,3 +641,70 @@ def check_rows(drafts: torch.Tensor, target: torch.Tensor, target_name: str,
     _check_row_range("target_rows", rows, target.shape[0])
     if q is not None:
         _check_row_range("draft_rows", q_rows, q.shape[0])
+
+
+# -------------------------------------------------------------------------------- tree
+
+
+def parse_tree(node_token_ids: ArrayLike, parents: ArrayLike, target_logits: ArrayLike | None,
+               target_probs: ArrayLike | None, draft_probs: ArrayLike | None, children: Any,
+               num_nodes: ArrayLike | None, max_depth: Any, temperature: Any, seed: Any,
+               seed_offset: Any, uniforms: ArrayLike | None, options: VerifyOptions,
+               backend: str, validate: Any) -> TreeCall:
+    """A token tree: ``[B, N]`` nodes and parents scored as ``[B, N, V]``.
+
+    Arrays are taken as tensors (plain host arrays are viewed, not copied) on the target's
+    device; under ``validate`` their structure is checked with the error naming the argument.
+    ``max_depth`` and the children mode are host facts, checked at every level.
+    """
+    if children not in CHILDREN_MODES:
+        raise ValueError(f"children must be one of {CHILDREN_MODES}, got {children!r}")
+    tokens = to_tensor("node_token_ids", node_token_ids)
+    tree_parents = to_tensor("parents", parents)
+    target, target_name = target_tensor(target_logits, target_probs)
+    q = to_tensor("draft_probs", draft_probs)
+    counts = to_tensor("num_nodes", num_nodes)
+    u = to_tensor("uniforms", uniforms)
+    if tokens is None or tree_parents is None:
+        raise TypeError("node_token_ids and parents must be a torch.Tensor or numpy.ndarray, "
+                        "got None")
+    mode = _children_mode(children, q)
+    if validate:
+        check_tree_structure(tokens, tree_parents, target, target_name, q, counts, u)
+    b, n = tokens.shape
+    v = target.shape[-1]
+    device = target.device
+    counts = (torch.full((b,), n, dtype=torch.int64, device=device) if counts is None
+              else counts.to(device=device, dtype=torch.int64))
+    return TreeCall(
+        tokens.to(device=device, dtype=torch.int64),
+        tree_parents.to(device=device, dtype=torch.int64), counts, target.reshape(b * n, v),
+        target_name, None if q is None else q.reshape(b * n, v), mode, temperature, seed,
+        seed_offset, u, _tree_width(max_depth, n), options, _rule(options, temperature),
+        validate, backend, type(node_token_ids) is not torch.Tensor)
+
+
+def _children_mode(children: str, q: torch.Tensor | None) -> Children:
+    """``children`` resolved against ``draft_probs``; a mismatch names both arguments."""
+    if children == "auto":
+        return "deterministic" if q is None else "iid"
+    if children == "deterministic" and q is not None:
+        raise ValueError("children='deterministic' reads no draft_probs: pass draft_probs=None, "
+                         "or say how the children were drawn ('iid', 'without_replacement')")
+    if children != "deterministic" and q is None:
+        raise ValueError(f"children={children!r} needs draft_probs (the rows the children were "
+                         "drawn from); without them the children are 'deterministic'")
+    return children  # type: ignore[return-value]
+
+
+def _tree_width(max_depth: Any, n: int) -> int:
+    """``W = max_depth + 1`` (``N`` by default). A free host check at every level: no path is
+    deeper than ``N - 1``, and a larger value would only size the result (a corrupted argument
+    would allocate ``[B, max_depth + 1]`` arrays)."""
+    depth = optional_count("max_depth", max_depth)
+    if depth is None:
+        return n
+    if depth > n - 1:
+        raise ValueError(f"max_depth must be at most N - 1 = {n - 1} (the deepest path a tree of "
+                         f"N = {n} nodes holds), got {depth}")
+    return depth + 1

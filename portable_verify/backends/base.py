@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from portable_verify.core.methods import CHAIN, TREE
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyCall, VerifyInputs
 
@@ -41,14 +42,15 @@ class BackendTraits:
     ``host_calls``: it decides a plain host call (:class:`VerifyCall`) itself, in
     :meth:`Backend.run_call`: row maps, ``-1`` cuts, temperatures, uniforms and the default
     checks included, so the front door builds nothing for it.
-    ``sampled_methods``: the rules it implements for sampled rows (every backend does greedy);
-    dispatch gives ``auto`` a backend that has the call's method, and refuses an explicit one
-    that lacks it.
-    ``supports_trees``: it implements :meth:`Backend.run_tree` (``pv.verify_tree``).
+    ``layouts``: the layouts it serves (:data:`~portable_verify.core.methods.CHAIN`, ``TREE``:
+    :meth:`Backend.run_tree`); greedy rows are served in each.
+    ``chain_rules`` / ``tree_rules``: the sampled rules it implements per layout (names of the
+    method table's rules). Dispatch reads them through :meth:`implements`: ``auto`` never picks a
+    backend without the call's rule and an explicit one without it is refused by name.
     ``checks_tree_reads``: under ``validate=True`` its :meth:`Backend.run_tree` does the value
     checks itself (``TreeInputs.check_read_values``): the tree's structure, temperatures and
     uniforms, and the target and draft rows its walk reads; the front door skips its own
-    value checks (and their host transfer) and words a flag with them.
+    value checks (and their host transfer), and dispatch words a flag with them.
     """
 
     is_reference: bool = False
@@ -56,9 +58,16 @@ class BackendTraits:
     full_conformance_sizes: bool = True
     checks_what_it_reads: bool = False
     host_calls: bool = False
-    sampled_methods: tuple[str, ...] = ("rejection", "typical")
-    supports_trees: bool = False
+    layouts: tuple[str, ...] = (CHAIN,)
+    chain_rules: tuple[str, ...] = ()
+    tree_rules: tuple[str, ...] = ()
     checks_tree_reads: bool = False
+
+    def implements(self, layout: str, rule: str | None) -> bool:
+        """Whether it serves ``layout`` with the sampled ``rule`` (None: greedy rows only)."""
+        if layout not in self.layouts:
+            return False
+        return rule is None or rule in (self.tree_rules if layout == TREE else self.chain_rules)
 
 
 class ReadValueError(ValueError):
@@ -119,7 +128,7 @@ class Backend(ABC):
 
     def run_tree(self, inputs: TreeInputs) -> tuple[Any, Any, Any]:
         """``(token_ids int64 [B, W], node_ids int64 [B, W], num_accepted int64 [B])`` for
-        validated tree inputs; only for backends whose ``traits.supports_trees`` is True."""
+        validated tree inputs; only for backends whose ``traits.layouts`` has ``TREE``."""
         raise NotImplementedError(f"backend {self.qualified_name!r} does not verify trees")
 
     def __repr__(self) -> str:

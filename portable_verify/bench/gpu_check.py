@@ -153,9 +153,9 @@ def graph_check(check: GpuCheck) -> dict[str, Any]:
     if check.dry_run:
         return {"skipped": "no CUDA graphs on the CPU"}
     results: dict[str, Any] = {}
-    methods = pv.get_backend(check.kernels).traits.sampled_methods
+    traits = pv.get_backend(check.kernels).traits
     for variant in VARIANTS:
-        if variant.method != "greedy" and variant.method not in methods:
+        if variant.method != "greedy" and not traits.implements("chain", variant.method):
             continue  # the kernels do not implement it (the benchmark times torch alone)
         try:
             results[variant.label] = _graph_replay_matches(check, variant)

@@ -58,7 +58,8 @@ def kernel_cache() -> dict[str, Any]:
         for module_name in KERNEL_MODULES:
             module = importlib.import_module(module_name)
             for name, dispatcher in _cached_dispatchers(module).items():
-                kernels[f"{module_name.rsplit('.', 1)[1]}.{name}"] = _entries_for_here(dispatcher)
+                key = f"{module_name.partition('backends.')[2]}.{name}"
+                kernels[key] = _entries_for_here(dispatcher)
                 where.add(dispatcher._cache.cache_path)
     except Exception as exc:  # private numba API, or no cache locator (read-only install)
         return {"state": "unknown", "detail": f"{type(exc).__name__}: {exc}",

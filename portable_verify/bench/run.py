@@ -81,7 +81,7 @@ def resolve_backends(requested: list[str], device: torch.device,
         sampled = None if method == "greedy" else method
         chosen = (select_backend(name, device.type, sampled).qualified_name if name == "auto"
                   else name)
-        if sampled is not None and sampled not in pv.get_backend(chosen).traits.sampled_methods:
+        if sampled is not None and not pv.get_backend(chosen).traits.implements("chain", sampled):
             print(f"bench: {chosen} does not implement method={sampled!r}; not timed",
                   file=sys.stderr)
             continue

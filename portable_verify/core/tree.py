@@ -13,7 +13,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from portable_verify.core.types import DEFAULT_TYPICAL, TypicalParams
+from portable_verify.core.types import DEFAULT_OPTIONS, TypicalParams, VerifyOptions
 
 Children = Literal["deterministic", "iid", "without_replacement"]
 CHILDREN_MODES: tuple[str, ...] = ("auto", "deterministic", "iid", "without_replacement")
@@ -38,11 +38,19 @@ class TreeInputs:
     temperature: Any  # float32 [B]; 0 marks a greedy row
     all_greedy: bool
     none_greedy: bool
-    sampled_method: Literal["rejection", "typical"]
     uniforms: Any | None  # float32 [B, N] in (0, 1]; None when all_greedy
     width: int  # W = N, or max_depth + 1
-    typical: TypicalParams = DEFAULT_TYPICAL
+    options: VerifyOptions = DEFAULT_OPTIONS  # the caller's value, unchanged
     check_read_values: bool = False  # the backend checks the rows it reads (checks_tree_reads)
+
+    @property
+    def sampled_method(self) -> str | None:
+        """The rule of the rows that sample (the method table's ``rule``)."""
+        return self.options.sampled_method
+
+    @property
+    def typical(self) -> TypicalParams:
+        return self.options.typical
 
     @property
     def batch_size(self) -> int:
@@ -80,6 +88,32 @@ class TreeInputs:
             raise ValueError("a tree has at least its root: N >= 1")
         if self.width < 1:
             raise ValueError(f"the result width must be >= 1, got {self.width}")
+
+
+@dataclass(slots=True, eq=False)
+class TreeCall:
+    """One ``verify_tree`` call as the parser reads it (``api/parse.py``): the caller's arrays
+    as tensors on the target's device, the resolved children mode and result width, and the
+    options value unchanged. The tail (``api/call.py``) completes it into :class:`TreeInputs`
+    with the same randomness and checks as a chain call."""
+
+    node_token_ids: Any  # int64 [B, N]
+    parents: Any  # int64 [B, N]
+    num_nodes: Any  # int64 [B]
+    target: Any  # float [B*N, V]
+    target_name: str  # "target_logits" or "target_probs"
+    draft_probs: Any | None  # float [B*N, V], or None (deterministic children)
+    children: Children
+    temperature: Any  # None (= 1), a float, or float [B]
+    seed: Any
+    seed_offset: Any
+    uniforms: Any | None  # the caller's float [B, N], or None
+    width: int  # W = max_depth + 1 (N by default)
+    options: VerifyOptions
+    rule: str | None  # the sampled rows' rule; None: every row is greedy (known on the host)
+    validate: bool | str
+    backend: str
+    return_numpy: bool
 
 
 @dataclass(frozen=True)

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import torch
 
+from portable_verify.core.tree import TreeInputs
 from portable_verify.core.validation import (
     ValueChecks,
     check_ids,
     check_logits,
     check_probs,
+    check_temperatures,
+    check_uniforms,
     require_float,
     require_int,
     require_rank,
@@ -123,3 +126,26 @@ def check_tree_values(checks: ValueChecks, tokens: torch.Tensor, parents: torch.
 def _first(mask: torch.Tensor, values: torch.Tensor) -> str:
     b, i = (int(k) for k in torch.nonzero(mask)[0])
     return f"first at request {b}, node {i} (value {int(values[b, i])})"
+
+
+def check_tree_inputs(inputs: TreeInputs, explicit_uniforms: bool = True) -> None:
+    """Every value check of a tree call, raised as one worded error (one host transfer).
+
+    This is ``validate="full"`` for trees, what the door runs for a backend that does not check
+    the rows its walk reads, and what the torch backend runs to word a value a compiled walk
+    only flagged: the structure of nodes below ``num_nodes``, every target row below
+    ``num_nodes``, the draft row of every node with children, the temperatures and the caller's
+    own uniforms.
+    """
+    b, n, v = inputs.batch_size, inputs.num_slots, inputs.vocab_size
+    name = "target_logits" if inputs.target_is_logits else "target_probs"
+    q = inputs.draft_probs
+    checks = ValueChecks()
+    check_tree_values(checks, inputs.node_token_ids, inputs.parents, inputs.num_nodes,
+                      inputs.target.reshape(b, n, v), name,
+                      None if q is None else q.reshape(b, n, v),
+                      inputs.max_depth if inputs.width < n else None)
+    check_temperatures(checks, inputs.temperature, name)
+    if explicit_uniforms and inputs.uniforms is not None:
+        check_uniforms(checks, inputs.uniforms)
+    checks.raise_first()

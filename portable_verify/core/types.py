@@ -5,10 +5,11 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
+from portable_verify.core import methods
 from portable_verify.core.metrics import compute_metrics
 
 PLACEHOLDER_TOKEN_ID = -1
@@ -17,11 +18,8 @@ PLACEHOLDER_TOKEN_ID = -1
 INVALID_DRAFT_TOKEN_ID = -1
 """A draft slot with no proposal (serving engines pad with it): it ends the request's drafts."""
 
-Method = Literal["auto", "greedy", "rejection", "typical", "block"]
-METHODS: tuple[str, ...] = ("auto", "greedy", "rejection", "typical", "block")
-"""``auto`` = ``rejection`` for sampled rows; greedy rows (temperature 0) always take greedy."""
-SampledMethod = Literal["rejection", "typical", "block"]
-"""What a backend does on sampled rows (``auto`` and ``greedy`` never reach one as such)."""
+METHODS: tuple[str, ...] = methods.names()
+"""Every method's name (the table in :mod:`portable_verify.core.methods` says what each does)."""
 
 
 @dataclass(frozen=True)
@@ -81,15 +79,16 @@ class VerifyOptions:
     typical: TypicalParams = DEFAULT_TYPICAL
 
     def __post_init__(self) -> None:
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if not isinstance(self.method, str) or self.method not in methods.TABLE:
+            raise ValueError(f"method must be one of {methods.names()}, got {self.method!r}")
         if not isinstance(self.typical, TypicalParams):
             raise TypeError(f"typical must be a TypicalParams, got {self.typical!r}")
 
     @property
-    def sampled_method(self) -> str:
-        """The rule for rows that sample (``auto`` and ``greedy`` name rejection's)."""
-        return "rejection" if self.method in ("auto", "greedy") else self.method
+    def sampled_method(self) -> str | None:
+        """The rule of the rows that sample (the table's ``rule``: ``auto`` names rejection;
+        ``greedy``, whose rows never sample, None)."""
+        return methods.TABLE[self.method].rule
 
 
 DEFAULT_OPTIONS = VerifyOptions()
@@ -133,8 +132,8 @@ class VerifyInputs:
     check_read_values: bool = False
 
     @property
-    def sampled_method(self) -> str:
-        """The rule of the rows that sample: ``rejection`` or ``typical``."""
+    def sampled_method(self) -> str | None:
+        """The rule of the rows that sample (see :attr:`VerifyOptions.sampled_method`)."""
         return self.options.sampled_method
 
     @property
@@ -203,6 +202,7 @@ class VerifyCall:
     uniforms: Any | None  # float32 [B, K+1]
     bonus: Any | None  # int64 [B]
     options: VerifyOptions
+    rule: str | None  # the sampled rows' rule; None: every row is greedy (known on the host)
     validate: bool | str
     backend: str
     host: bool

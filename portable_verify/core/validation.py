@@ -8,6 +8,7 @@ transfer, so validation costs one synchronisation however many checks run.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -133,3 +134,20 @@ def check_probs(
         lambda: f"{name} rows must sum to 1 within {atol}; {_first_bad(bad_sum)} sums to "
         f"{float(sums[torch.nonzero(bad_sum)[0][0]]):.6g}",
     )
+
+
+def check_temperatures(checks: ValueChecks, temps: Any, target_name: str) -> None:
+    """Temperatures finite and ``>= 0``; with probabilities only 0 (greedy) or 1 per row."""
+    bad_t = ~((temps >= 0) & (temps < float("inf")))
+    checks.add(bad_t.any(),
+               lambda: f"temperature must be finite and >= 0, got {temps.tolist()}")
+    if target_name == "target_probs":
+        rescaled = (temps != 0) & (temps != 1)
+        checks.add(rescaled.any(), lambda: "temperature cannot be applied to target_probs (only "
+                   f"0 = greedy or 1 per row); pass target_logits. Got {temps.tolist()}")
+
+
+def check_uniforms(checks: ValueChecks, u: Any) -> None:
+    """A caller's own uniforms lie in ``(0, 1]`` (derived ones always do)."""
+    bad_u = ~((u > 0) & (u <= 1))
+    checks.add(bad_u.any(), lambda: "uniforms must lie in (0, 1] (and not be NaN)")

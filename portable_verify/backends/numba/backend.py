@@ -35,6 +35,7 @@ from portable_verify.backends.numba.host import (
     run_split,
     threads_for,
 )
+from portable_verify.core import methods
 from portable_verify.core.arguments import FLOAT32_MAX, request_seeds
 from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 from portable_verify.core.tree import TreeInputs
@@ -132,15 +133,22 @@ _AVAILABILITY = (
     if kernels is None else Availability(True, f"numba {numba.__version__} on the CPU"))
 
 
+CHAIN_RULES = ("rejection", "typical", "block")
+"""The sampled rules the chain kernels implement (the kernel's ``typical`` and ``block``
+switches; rejection otherwise, reached only through these names)."""
+TREE_RULES = ("rejection", "typical")
+"""The sampled rules the tree walk implements."""
+
+
 class NumbaBackend(Backend):
     """The decision as one numba-compiled CPU kernel (``numba:cpu``)."""
 
     name = "numba"
     description = "one numba-compiled CPU kernel per call (the fast CPU path)"
     devices = ("cpu",)
-    traits = BackendTraits(checks_what_it_reads=True, host_calls=True, supports_trees=True,
-                           checks_tree_reads=True,
-                           sampled_methods=("rejection", "typical", "block"))
+    traits = BackendTraits(checks_what_it_reads=True, host_calls=True, checks_tree_reads=True,
+                           layouts=(methods.CHAIN, methods.TREE), chain_rules=CHAIN_RULES,
+                           tree_rules=TREE_RULES)
 
     def availability(self) -> Availability:
         return _AVAILABILITY  # asked on every automatic selection: computed once
@@ -183,6 +191,8 @@ class NumbaBackend(Backend):
                 elif offset is not None:
                     offsets = offset
             method = options.sampled_method
+            if method not in CHAIN_RULES:
+                raise methods.unknown_rule(method, "numba:cpu", methods.CHAIN)
             typical = options.typical.kernel_scalars() if method == "typical" else NO_TYPICAL
             record = record_of((call.target_name == "target_logits", all_greedy,
                                 method == "typical", check, seed_mode, seed_scalar,
@@ -201,6 +211,8 @@ class NumbaBackend(Backend):
         inputs.check_layout()
         if inputs.uniforms is None and not inputs.all_greedy:
             raise ValueError("uniforms are required unless every row is greedy")
+        if not inputs.all_greedy and inputs.sampled_method not in CHAIN_RULES:
+            raise methods.unknown_rule(inputs.sampled_method, "numba:cpu", methods.CHAIN)
         target, q = inputs.target, inputs.draft_probs
         atol, q_atol = (PROB_SUM_ATOL_HALF if t is not None and t.dtype in HALF else PROB_SUM_ATOL
                         for t in (target, q))
@@ -230,8 +242,10 @@ class NumbaBackend(Backend):
 
     def run_tree(self, inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tree walk as one kernel (``backends/numba/tree.py``)."""
-        from portable_verify.backends.numba.tree import tree_arrays  # it imports this module
+        from portable_verify.backends.numba.tree import tree_arrays  # compiles on first use
 
+        if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:
+            raise methods.unknown_rule(inputs.sampled_method, "numba:cpu", methods.TREE)
         tokens, nodes, accepted, ok = tree_arrays(inputs)
         if not ok:
             raise ReadValueError("a value the tree walk reads is invalid")

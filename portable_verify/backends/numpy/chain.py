@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from portable_verify.backends.base import Availability, Backend, BackendTraits
+from portable_verify.core import methods
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, TypicalParams, VerifyInputs
 
 
@@ -85,6 +85,8 @@ def verify_one(
     v = float(uniforms[-1])
     if method == "block":
         return block_one(drafts, p, draft_q, n, uniforms)
+    if method not in ("rejection", "typical"):
+        raise methods.unknown_rule(method, "numpy", methods.CHAIN)
     emitted = []
     for j in range(n):
         x = int(drafts[j])
@@ -196,20 +198,3 @@ def verify_reference(inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
         tokens[i, : len(emitted)] = emitted
         accepted[i] = len(emitted) - 1
     return tokens, accepted
-
-
-class NumpyReferenceBackend(Backend):
-    """The executable specification; slow, exact, always available."""
-
-    name = "numpy"
-    description = "numpy reference implementation (the executable specification)"
-    array_kind = "numpy"
-    # A Python loop per request: full conformance sizes would mostly compare it with itself.
-    traits = BackendTraits(is_reference=True, full_conformance_sizes=False,
-                           sampled_methods=("rejection", "typical", "block"))
-
-    def availability(self) -> Availability:
-        return Availability(True, "numpy is a core dependency")
-
-    def run(self, inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
-        return verify_reference(inputs)

@@ -7,17 +7,15 @@ numpy_ref's own, so a chain (``parents = [-1, 0, 1, ...]``) gives exactly ``veri
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
 
 from portable_verify.backends.numpy.chain import (
-    NumpyReferenceBackend,
     entropy,
     first_argmax,
     inverse_cdf_draw,
     softmax,
 )
+from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
 
@@ -66,7 +64,8 @@ def walk_one(inputs: TreeInputs, b: int) -> tuple[list[int], int]:
     while True:
         options = kids[node] if len(path) < inputs.max_depth else []
         pn = p(node)
-        if inputs.sampled_method == "typical":
+        rule = inputs.sampled_method
+        if rule == "typical":
             threshold = inputs.typical.threshold(entropy(pn))
             passing = next((c for c in options if pn[int(tokens[c])] > threshold), None)
             if passing is None:
@@ -74,6 +73,8 @@ def walk_one(inputs: TreeInputs, b: int) -> tuple[list[int], int]:
             path.append(passing)
             node = passing
             continue
+        if rule != "rejection":
+            raise methods.unknown_rule(rule, "numpy", methods.TREE)
         chosen = test_children(inputs, b, node, pn, options, tokens, u)
         if isinstance(chosen, np.ndarray):  # no child accepted: the residual to draw from
             return path, inverse_cdf_draw(chosen, v)
@@ -129,13 +130,3 @@ def verify_tree_reference(inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, n
         nodes[i, : len(path)] = path
         accepted[i] = len(path)
     return tokens, nodes, accepted
-
-
-class NumpyReferenceTreeBackend(NumpyReferenceBackend):
-    """The numpy reference with trees: the executable specification of docs/semantics.md."""
-
-    traits = dataclasses.replace(NumpyReferenceBackend.traits, supports_trees=True)
-
-    def run_tree(self, inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return verify_tree_reference(inputs)
-

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from portable_verify.backends.base import Availability, Backend, BackendTraits
+from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, TypicalParams, VerifyInputs
 
@@ -44,6 +45,12 @@ def argmax_block(vocab: int) -> int:
     return min(d for d in divisors if d >= min(vocab, _PREFERRED_BLOCK))
 
 
+CHAIN_RULES = ("rejection", "typical", "block")
+"""The sampled rules of the chain graphs (``block``: backends/openvino/block.py)."""
+TREE_RULES = ("rejection", "typical")
+"""The sampled rules of the tree walk."""
+
+
 class OpenVINOBackend(Backend):
     """Verification as OpenVINO graphs; compiled per (variant, device) and cached."""
 
@@ -51,7 +58,8 @@ class OpenVINOBackend(Backend):
     description = "OpenVINO runtime graphs (CPU by default; openvino:GPU, openvino:NPU)"
     array_kind = "numpy"
     devices = ("CPU", "GPU", "NPU")  # any OpenVINO device name is accepted; these are listed
-    traits = BackendTraits(sampled_methods=("rejection", "typical", "block"), supports_trees=True)
+    traits = BackendTraits(layouts=(methods.CHAIN, methods.TREE), chain_rules=CHAIN_RULES,
+                           tree_rules=TREE_RULES)
 
     def __init__(self, device: str | None = None, *, num_threads: int | None = None) -> None:
         """``num_threads`` (default: ``$PORTABLE_VERIFY_OPENVINO_THREADS``, else OpenVINO's own
@@ -173,6 +181,8 @@ class OpenVINOBackend(Backend):
         b, k = inputs.batch_size, inputs.num_positions
         if b == 0:
             return np.zeros((0, k + 1), np.int64), np.zeros(0, np.int64)
+        if not inputs.all_greedy and inputs.sampled_method not in CHAIN_RULES:
+            raise methods.unknown_rule(inputs.sampled_method, self.qualified_name, methods.CHAIN)
         arrays = _graph_arrays(inputs)
         if inputs.sampled_method == "block" and not inputs.all_greedy:
             from portable_verify.backends.openvino.block import verify_block
@@ -191,6 +201,8 @@ class OpenVINOBackend(Backend):
         from portable_verify.backends.openvino.tree import Scalars, verify_tree_openvino
 
         inputs.check_layout()
+        if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:
+            raise methods.unknown_rule(inputs.sampled_method, self.qualified_name, methods.TREE)
         scalars = Scalars(np.array(argmax_block(inputs.vocab_size), np.int64),
                           typical_arrays(inputs.typical))
         return verify_tree_openvino(self, inputs, scalars)

@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.backends.torch.backend import TorchBackend
 from portable_verify.backends.torch.draw import _draw
 from portable_verify.backends.torch.ops import (
     ArrayOps,
@@ -35,7 +34,9 @@ from portable_verify.backends.torch.ops import (
     _temperatures,
     per_row,
 )
+from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
+from portable_verify.core.tree_validation import check_tree_inputs
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
 
 Array = Any
@@ -70,7 +71,12 @@ def tree_structure(ops: ArrayOps, inputs: TreeInputs) -> Tree:
 
 
 def verify_tree_torch(inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(token_ids [B, W], node_ids [B, W], num_accepted [B])`` for torch tensors."""
+    """``(token_ids [B, W], node_ids [B, W], num_accepted [B])`` for torch tensors.
+
+    With ``check_read_values`` it checks every value first (``check_tree_inputs``): it cannot
+    check on the way, and this is how a value a compiled walk only flagged gets its words."""
+    if inputs.check_read_values:
+        check_tree_inputs(inputs)
     inputs = dataclasses.replace(inputs, target=inputs.target.detach(), draft_probs=(
         None if inputs.draft_probs is None else inputs.draft_probs.detach()))
     ops = ArrayOps(inputs.target.device)
@@ -526,16 +532,12 @@ def _rejection_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree,
 
 
 def _sampled_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, Array, Array]:
-    tests = FirstTests(ops, inputs, tree)
-    if inputs.sampled_method == "typical":
-        return _typical_walk(ops, inputs, tree, tests)
-    return _rejection_walk(ops, inputs, tree, tests)
+    rule = inputs.sampled_method
+    walk = TREE_RULES.get(rule)  # type: ignore[arg-type]
+    if walk is None:
+        raise methods.unknown_rule(rule, f"torch:{inputs.target.device.type}", methods.TREE)
+    return walk(ops, inputs, tree, FirstTests(ops, inputs, tree))
 
 
-class TorchTreeBackend(TorchBackend):
-    """The torch backend with trees (``pv.verify_tree``)."""
-
-    traits = dataclasses.replace(TorchBackend.traits, supports_trees=True)
-
-    def run_tree(self, inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return verify_tree_torch(inputs)
+TREE_RULES = {"rejection": _rejection_walk, "typical": _typical_walk}
+"""The sampled rules this backend implements for trees (its traits read the keys)."""

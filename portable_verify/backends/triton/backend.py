@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from portable_verify.backends.base import Availability, Backend, BackendTraits
+from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyInputs
 
@@ -103,6 +104,12 @@ def _interpreter_availability() -> Availability:
                               "meant for tests)")
 
 
+CHAIN_RULES = ("rejection", "typical", "block")
+"""The sampled rules of the chain kernel (its ``typical`` and ``block`` switches)."""
+TREE_RULES = ("rejection", "typical")
+"""The sampled rules of the tree kernel."""
+
+
 class TritonBackend(Backend):
     """The Triton kernels on ``cuda``/``xpu`` tensors, or interpreted on CPU tensors."""
 
@@ -116,11 +123,10 @@ class TritonBackend(Backend):
 
     @property
     def traits(self) -> BackendTraits:  # type: ignore[override]
-        methods = ("rejection", "typical", "block")
-        if self.device == INTERPRETER:  # tens of ms per request: quick sizes, no statistics
-            return BackendTraits(statistical_sizes=False, full_conformance_sizes=False,
-                                 sampled_methods=methods, supports_trees=True)
-        return BackendTraits(sampled_methods=methods, supports_trees=True)
+        sizes = {} if self.device != INTERPRETER else {  # tens of ms per request: quick sizes
+            "statistical_sizes": False, "full_conformance_sizes": False}
+        return BackendTraits(layouts=(methods.CHAIN, methods.TREE), chain_rules=CHAIN_RULES,
+                             tree_rules=TREE_RULES, **sizes)
 
     def torch_device_type(self) -> str:
         return "cpu" if self.device == INTERPRETER else str(self.device)
@@ -131,6 +137,8 @@ class TritonBackend(Backend):
         return _gpu_availability(str(self.device))
 
     def run(self, inputs: VerifyInputs) -> tuple[Any, Any]:
+        if not inputs.all_greedy and inputs.sampled_method not in CHAIN_RULES:
+            raise methods.unknown_rule(inputs.sampled_method, self.qualified_name, methods.CHAIN)
         if self.device == INTERPRETER:
             from portable_verify.backends.triton.interpreter import verify_interpreted
 
@@ -140,6 +148,8 @@ class TritonBackend(Backend):
         return verify_triton(inputs)
 
     def run_tree(self, inputs: TreeInputs) -> tuple[Any, Any, Any]:
+        if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:
+            raise methods.unknown_rule(inputs.sampled_method, self.qualified_name, methods.TREE)
         if self.device == INTERPRETER:
             from portable_verify.backends.triton.interpreter import verify_tree_interpreted
 

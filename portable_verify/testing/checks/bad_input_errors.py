@@ -29,7 +29,7 @@ METHODS = ("greedy", "rejection", "typical")
 
 def methods_of(backend: str) -> tuple[str, ...]:
     """:data:`METHODS` plus block verification where the backend has it."""
-    has_block = "block" in pv.get_backend(backend).traits.sampled_methods
+    has_block = pv.get_backend(backend).traits.implements("chain", "block")
     return (*METHODS, "block") if has_block else METHODS
 
 

@@ -10,7 +10,7 @@ The joint-law checks of block verification are the ``stat.block_*`` scenarios of
   rejection's on the same drafts and seeds (paired). Sizes, power and false-alarm rate are in
   docs/testing.md.
 
-A backend without the method (``traits.sampled_methods``) gets a skipped result.
+A backend without the method (``traits.implements("chain", "block")`` False) gets a skipped result.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ ALPHA = 1e-4
 
 
 def _lacks_block(name: str, backend: str) -> CheckResult | None:
-    if "block" in pv.get_backend(backend).traits.sampled_methods:
+    if pv.get_backend(backend).traits.implements("chain", "block"):
         return None
     return CheckResult(name, True, f"{backend} does not implement method='block'", skipped=True)
 

@@ -94,7 +94,7 @@ def _slow(backend: str) -> bool:
 
 def _has_block(backend: str) -> bool:
     traits = getattr(pv.get_backend(backend), "traits", None)
-    return traits is not None and "block" in traits.sampled_methods
+    return traits is not None and traits.implements("chain", "block")
 
 
 def _strategy(backend: str, garbage: bool) -> Any:

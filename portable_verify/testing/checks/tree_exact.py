@@ -1,7 +1,7 @@
 """Exact tree conformance: ``verify_tree`` against the reference, against ``verify`` on chains,
 and greedy against a brute-force walk.
 
-A backend without tree support (``traits.supports_trees`` False) skips these checks.
+A backend without tree support (``"tree"`` not in ``traits.layouts``) skips these checks.
 A disagreement with the reference is excused only on a row whose reference answer itself
 changes when every uniform moves by a relative ``1e-4``: a decision within rounding of its
 boundary, where the two computations may round differently. Such rows are counted.
@@ -31,12 +31,12 @@ NEAR = 1e-4
 
 def tree_check(name: str, **options: Any) -> Callable[[CheckFn], CheckFn]:
     """:func:`~portable_verify.testing.kit.check` for a tree check: a backend that does not
-    verify trees (``traits.supports_trees`` False) gets a skipped verdict instead of a run."""
+    verify trees (``"tree"`` not in ``traits.layouts``) gets a skipped verdict instead of a run."""
 
     def register(fn: CheckFn) -> CheckFn:
         @functools.wraps(fn)
         def on_tree_backends(backend: str, quick: bool) -> CheckResult:
-            if not pv.get_backend(backend).traits.supports_trees:
+            if "tree" not in pv.get_backend(backend).traits.layouts:
                 return CheckResult(name, True, "the backend does not verify trees", skipped=True)
             return fn(backend, quick)
 

@@ -44,7 +44,8 @@ class TreeRule:
 class TreeRuleBackend(ControlBackend):
     array_kind = "numpy"
     description = "a statistical negative control for trees (not a real backend)"
-    traits = BackendTraits(supports_trees=True)
+    traits = BackendTraits(layouts=("chain", "tree"), chain_rules=("rejection", "typical"),
+                           tree_rules=("rejection", "typical"))
     rule: TreeRule
 
     def run(self, inputs):  # type: ignore[no-untyped-def]
