@@ -21,7 +21,7 @@ stay unwritten; and fixed valid probe calls give the same answers after every fi
 and at the end.
 
 ``fuzz.ragged_extremes`` sends the ragged layouts adversarial callers used to crash the
-process (issue 20): counts and offsets far beyond N, int64-extreme and overflowing offsets,
+process: counts and offsets far beyond N, int64-extreme and overflowing offsets,
 counts whose sum wraps to N, a huge ``max_num_draft_tokens``; as torch tensors, numpy arrays and
 int32 tensors, at every validation level, in child processes with a capped address space (an
 allocation meant for terabytes fails there instead of swapping the machine). Validated levels
