@@ -132,7 +132,7 @@ class OpenVINOBackend(Backend):
         """Run the graph of ``variant`` on ``arrays`` (its inputs, in order); its outputs.
 
         Every input is shared (zero-copy): copying into the request's own dynamic-shape
-        buffers measured ~3x slower (docs/backends.md), and mixing shared and copied inputs on
+        buffers measured slower (docs/backends.md), and mixing shared and copied inputs on
         one request is a known CPU-plugin pitfall. Setting the tensors directly skips the
         Python ``infer(dict)`` dispatcher's per-call cost (docs/backends.md).
         """
