@@ -6,7 +6,8 @@ Why: a cold first call compiles the kernels for tens of seconds (docs/benchmarks
 numba version, the source file's current stamp, this CPU (target triple, CPU name and features) and
 the function's current bytecode. We read those index files the way numba's own loader does, so
 "warm" means numba would load instead of compile. The loader's internals are private: any surprise
-reads as "unknown", never a crash. """
+reads as "unknown", never a crash.
+"""
 
 from __future__ import annotations
 
