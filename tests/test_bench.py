@@ -281,7 +281,7 @@ def test_targets_flag_met_and_missed() -> None:
     assert [t["met"] for t in targets.evaluate(cell)] == [True]
     cell["ratios"]["x_floor"] = 1.6
     assert [t["met"] for t in targets.evaluate(cell)] == [False]
-    cell["device"] = "cuda"  # the targets are CPU targets
+    cell["device"] = "cuda"  # the performance targets are CPU targets
     assert targets.evaluate(cell) == []
 
 

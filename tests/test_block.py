@@ -1,4 +1,4 @@
-"""Block verification (issue 21): hand-worked decisions, dispatch by method, and the controls of
+"""Block verification: hand-worked decisions, dispatch by method, and the controls of
 ``stat.block_acceptance``. The joint law and the comparison with the reference on every backend
 are conformance checks (``stat.block_*``, ``exact.block``, tests/test_conformance.py)."""
 

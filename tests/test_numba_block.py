@@ -1,4 +1,4 @@
-"""Block verification on the compiled CPU kernel (``backends/numba/block.py``, issue 21).
+"""Block verification on the compiled CPU kernel (``backends/numba/block.py``).
 
 The joint law, the acceptance closed forms and the small-vocabulary comparison with the reference
 are conformance checks (``stat.block_*``, ``exact.block``, tests/test_conformance.py). Here: the

@@ -1,4 +1,4 @@
-"""Regression tests for the defects adversarial inputs found in the numba path (issue 20).
+"""Regression tests for the defects adversarial inputs found in the numba path.
 
 Crash cases run in a child process: a segfault there fails the test instead of the suite.
 """

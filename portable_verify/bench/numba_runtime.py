@@ -1,11 +1,12 @@
 """The numba backend's runtime state, read without compiling anything (for ``info``, bench).
 
-Why: a cold first call compiles the kernels for 10-20 s, and a server wants to know before its
-first step whether that cost is still ahead (issue 20, server start-up). numba keeps one index
-file per cached function; an entry counts only for this numba version, the source file's current
-stamp, this CPU (target triple, CPU name and features) and the function's current bytecode. We
-read those index files the way numba's own loader does, so "warm" means numba would load instead
-of compile. The loader's internals are private: any surprise reads as "unknown", never a crash.
+Why: a cold first call compiles the kernels for tens of seconds (docs/benchmarks.md, *Caveats*,
+"First call"), and a server wants to know before its first step whether that cost is still ahead
+(server start-up). numba keeps one index file per cached function; an entry counts only for this
+numba version, the source file's current stamp, this CPU (target triple, CPU name and features) and
+the function's current bytecode. We read those index files the way numba's own loader does, so
+"warm" means numba would load instead of compile. The loader's internals are private: any surprise
+reads as "unknown", never a crash.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ interleaved (see :mod:`portable_verify.bench.harness`): each requested backend, 
 baseline, the memory-read floor, a plain ``torch.argmax`` and ``torch.amax`` over the target,
 HF's verifier (batch 1, rejection), vLLM v0's typical sampler (typical) and, optionally, our
 verifier with validation on (``validate=True``; with ``"full"`` also ``validate="full"``). One
-result row ("cell") is then reported per backend and thread count, with the ratios the issues
-ask for.
+result row ("cell") is then reported per backend and thread count, with the ratios the
+performance targets (:mod:`portable_verify.bench.targets`) ask for.
 
 A thread sweep (``threads=(1, 2, ...)``) times every contender at every count inside the same
 interleaved repetitions (:mod:`portable_verify.bench.threads` sets the count before each block),

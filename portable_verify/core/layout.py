@@ -3,7 +3,8 @@
 Why one module: the padded front door, the ragged one, the public rows door and the engine
 adapters (vLLM v1 packs drafts back to back, its Model Runner V2 offsets them by one) all point
 ``[B, K+1]`` positions into flat ``[R, V]`` rows. The arithmetic is written here once, for numpy
-(host calls: a fifth of torch's per-op cost at small sizes) and for torch (any device).
+(host calls: far below torch's per-op cost at small sizes, docs/benchmarks.md) and for torch
+(any device).
 
 Row ``j`` of request ``i`` is ``first_row[i] + min(j, n_i)``: positions past the request's drafts
 repeat its final row, which backends read as the bonus position. Indices are clamped into the

@@ -183,7 +183,7 @@ def int8_draft(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` (float32) with every Linear dynamically quantised to int8 per channel.
 
     Why this draft: no small model shares SmolLM2's tokenizer, and the int8 copy agrees with
-    the float32 target often (~2/3 of greedy tokens) at a fraction of its matmul cost.
+    the float32 target often (docs/e2e.md gives the rates) at a fraction of its matmul cost.
     ``torch.ao.quantization.quantize_dynamic`` is deprecated in favour of torchao, which is not
     a dependency here; it still works in torch 2.13, so its deprecation warning is silenced.
     """

@@ -12,7 +12,8 @@ package name (a copy of its ``portable_verify/`` renamed ``portable_verify_old``
 Each cell alternates the two versions in rounds of ~20 ms, in AB-BA order (whoever runs first
 after the round's ``torch.argmax`` finds a colder cache: up to 30% at 36 MB of inputs), and
 reports the median new/old ratio of the AB-BA pairs with its 25-75% spread, beside the
-fixed-cost ratios to a bare ``torch.argmax`` timed in the same rounds (issue 13's targets).
+fixed-cost ratios to a bare ``torch.argmax`` timed in the same rounds (the
+serving operating point's targets).
 ``--kernel`` times the compiled kernel alone instead: both trees' ``numba_cpu.decide_arrays``
 on the same host arrays (no front door), which separates a kernel's row passes from the
 per-call cost around it.

@@ -1,4 +1,4 @@
-"""OpenVINO block verification and trees, side by side (issues 21 and 23).
+"""OpenVINO block verification and trees, side by side.
 
 Run (CPU, float32, one thread per runtime):  python scripts/bench/openvino_block_tree.py
 

@@ -1,4 +1,4 @@
-"""Thread scaling of the CPU backends, side by side in one run (issue 20's targets).
+"""Thread scaling of the CPU backends, side by side in one run (the thread targets).
 
 For each (B, K, V) and method: `verify` on `numba:cpu` and `torch:cpu`, and a bare
 `torch.amax` over the same target, at each thread count, interleaved (one call of each per

@@ -1,4 +1,4 @@
-"""Tree verification cells (issue 23, point 5): ``pv.verify_tree`` against the memory-read
+"""Tree verification cells: ``pv.verify_tree`` against the memory-read
 floor of the rows the numpy reference reads, and against a torch contender written from
 SGLang's published target-only rule.
 

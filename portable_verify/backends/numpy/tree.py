@@ -2,7 +2,8 @@
 
 A per-request walk from the root, written for clarity: every line should be checkable against
 the prose. The chain rule's pieces (softmax, the inverse-CDF draw, the argmax, the entropy) are
-numpy_ref's own, so a chain (``parents = [-1, 0, 1, ...]``) gives exactly ``verify``'s answer.
+the chain module's own (``numpy/chain.py``), so a chain (``parents = [-1, 0, 1, ...]``) gives
+exactly ``verify``'s answer.
 """
 
 from __future__ import annotations

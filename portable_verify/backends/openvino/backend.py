@@ -3,7 +3,7 @@
 ``backend="openvino"`` runs on the CPU plugin; ``"openvino:GPU"``, ``"openvino:NPU"`` (or any
 name in ``openvino.Core().available_devices``) pick another device. Each graph variant is
 compiled once per backend instance, with dynamic shapes, and keeps one infer request, so many
-small calls pay only the inference itself. The graphs live in :mod:`.openvino_graphs`.
+small calls pay only the inference itself. The graphs live in :mod:`.chain_graphs`.
 
 ``openvino`` is imported lazily: importing this module never fails, and ``availability()``
 says why the backend cannot run when the package is missing or the device is absent.
@@ -27,7 +27,7 @@ from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, TypicalParams, Veri
 
 DEFAULT_DEVICE = "CPU"
 ENV_THREADS = "PORTABLE_VERIFY_OPENVINO_THREADS"
-_PREFERRED_BLOCK = 256  # smallest argmax block worth its ReduceMax pass (see openvino_graphs)
+_PREFERRED_BLOCK = 256  # smallest argmax block worth its ReduceMax pass (see chain_graphs)
 
 
 @functools.lru_cache(maxsize=64)
@@ -117,7 +117,7 @@ class OpenVINOBackend(Backend):
 
     def compiled_model(self, variant: Any, build: Callable[[], Any] | None = None) -> Any:
         """The compiled model of ``variant`` (a hashable graph key), built once: by ``build``
-        when given, else as an ``openvino_graphs.Variant``."""
+        when given, else as a ``chain_graphs.Variant``."""
         model = self._compiled.get(variant)
         if model is None:
             from portable_verify.backends.openvino import chain_graphs as openvino_graphs
@@ -140,7 +140,7 @@ class OpenVINOBackend(Backend):
         """Run the graph of ``variant`` on ``arrays`` (its inputs, in order); its outputs.
 
         Every input is shared (zero-copy): copying into the request's own dynamic-shape
-        buffers measured ~3x slower (docs/backends.md), and mixing shared and copied inputs on
+        buffers measured slower (docs/backends.md), and mixing shared and copied inputs on
         one request is a known CPU-plugin pitfall. Setting the tensors directly skips the
         Python ``infer(dict)`` dispatcher's per-call cost (docs/backends.md).
         """
@@ -209,7 +209,7 @@ class OpenVINOBackend(Backend):
 
 
 def _variant(inputs: VerifyInputs, has_draft_probs: bool) -> Any:
-    """The ``openvino_graphs.Variant`` that decides ``inputs`` (token-wise methods)."""
+    """The ``chain_graphs.Variant`` that decides ``inputs`` (token-wise methods)."""
     from portable_verify.backends.openvino.chain_graphs import Variant
 
     if inputs.all_greedy:

@@ -1,8 +1,8 @@
-"""The per-row work of block verification as OpenVINO graphs (see :mod:`.openvino_block`).
+"""The per-row work of block verification as OpenVINO graphs (see :mod:`.block`).
 
 Rows are normalised as the token-wise graphs do (``p = e / s`` with ``e = exp((l - max) / T)``
 from logits) and every index from caller data is clamped, for the reasons given in
-:mod:`.openvino_graphs`. Shapes are dynamic; the host guarantees ``B >= 1`` and ``K >= 1``.
+:mod:`.chain_graphs`. Shapes are dynamic; the host guarantees ``B >= 1`` and ``K >= 1``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Why it looks like this: every request walks its own path, but each step of every
 same few array operations, so one loop over *test steps* (at most ``N - 1``: a node is tested
 at most once, as a child of its one parent) runs all requests at once. A step tests each
 request's next child, then either descends into it or folds it into the residual and moves on
-to its next sibling. The per-row work runs as compiled graphs (:mod:`.openvino_tree_graphs`)
+to its next sibling. The per-row work runs as compiled graphs (:mod:`.tree_graphs`)
 on the rows concerned only: a node's softmax with temperature (and, for typical, its threshold)
 when a request enters it, the residual update of the requests that just rejected a child, and
 one draw per request at the end. The host keeps the ``[B, V]`` state, gathers rows, and runs

@@ -1,4 +1,4 @@
-"""The per-row work of tree verification as OpenVINO graphs (see :mod:`.openvino_tree`).
+"""The per-row work of tree verification as OpenVINO graphs (see :mod:`.tree`).
 
 Each graph takes the rows it works on as ``[M, V]`` inputs (the host gathers the rows on the
 walked paths), so one compiled model per variant serves every tree shape. The arithmetic is the
@@ -74,7 +74,7 @@ def _rows(graph: TreeGraph) -> ov.Model:
     if graph.typical:
         eps, alpha, block = _param("eps", []), _param("alpha", []), _param("block", [], ov.Type.i64)
         params += [eps, alpha, block]
-        if graph.is_logits:  # as the token-wise graph: only [M] logs (see openvino_graphs)
+        if graph.is_logits:  # as the token-wise graph: only [M] logs (see chain_graphs)
             lowest = _f32(float(np.finfo(np.float32).min))
             e_zm = ops.multiply(e, ops.maximum(zm, lowest))
             entropy = ops.subtract(ops.log(s),

@@ -28,9 +28,10 @@ from portable_verify.core.types import VerifyInputs
 def _rowsum64(ops: ArrayOps, w: Array) -> Array:
     """Per-row sum of float32 values as float64, for the block rule's ``Z_j``.
 
-    The reference sums in float64; here torch's float32 cascade sum (~4x faster than a float64
-    one on CPU; relative error ~1e-7 at V = 128k) is widened afterwards, as docs/semantics.md
-    allows: the two only disagree where ``u_j`` lies within that rounding of ``h_j``."""
+    The reference sums in float64; here torch's float32 cascade sum (several times faster than
+    a float64 one on CPU; relative error ~1e-7 at V = 128k) is widened afterwards, as
+    docs/semantics.md allows: the two only disagree where ``u_j`` lies within that rounding of
+    ``h_j``."""
     return ops.f64(ops.rowsum(w))
 
 

@@ -1,7 +1,7 @@
 """The array layer of the torch backend: :class:`ArrayOps` and the row passes written once for
 numpy views (CPU) and torch tensors (devices).
 
-Why its own module: the rules (``torch_eager``, ``torch_block``, ``torch_eager_tree``) are
+Why its own module: the rules (``backend``, ``block``, ``tree`` of this family) are
 written against these operations; keeping them apart lets a rule module read as the rule.
 """
 

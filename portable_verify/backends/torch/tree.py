@@ -6,9 +6,10 @@ same few array operations, so one loop over *test steps* (at most ``N - 1``: a n
 at most once, as a child of its one parent) runs all requests at once. A step tests each
 request's next child, then either descends into it or folds it into the residual and moves on
 to its next sibling. The loop count is known on the host (no host sync); on CPU, where asking
-costs nothing, the loop also stops once every walk has ended. The arithmetic is torch_eager's
-own (the first test at a node from the row's max and sum, the row loads, the two-level draw),
-so a chain gives exactly ``verify``'s answer on this backend.
+costs nothing, the loop also stops once every walk has ended. The arithmetic is the torch
+chain backend's own (``torch/backend.py``: the first test at a node from the row's max and sum,
+the row loads, the two-level draw), so a chain gives exactly ``verify``'s answer on this
+backend.
 
 Costs: on CPU only the rows on the walked paths are read (a row's statistics when a request
 enters its node, its residual at the node's first rejection, the draw's row at the end), and
@@ -173,7 +174,7 @@ def _greedy_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array, 
 
 class FirstTests:
     """``p(x)`` of a node's children under its row, and (typical) the row's threshold, computed
-    as torch_eager computes a chain's ``p_j(x_j)``: the row's max ``m`` and sum ``s`` of
+    as the torch chain backend computes a chain's ``p_j(x_j)``: the row's max ``m`` and sum ``s`` of
     ``exp((l - m) / T)``, then ``exp((l_x - m) / T) / s``.
 
     On the host the statistics are computed for a row when a request enters its node (only the
@@ -285,9 +286,9 @@ def _load(ops: ArrayOps, source: torch.Tensor, rows: Array, name: str) -> Array:
 
 def _node_rows(ops: ArrayOps, inputs: TreeInputs, requests: Array, node: Array,
                normalise: bool, name: str = "node") -> Array:
-    """float32 ``[len(requests), V]``: those requests' node rows as torch_eager's final stage
-    reads them: ``exp((l - max) / T)`` from logits (divided by its sum when ``normalise``),
-    else ``p``."""
+    """float32 ``[len(requests), V]``: those requests' node rows as the torch chain backend's
+    final stage reads them: ``exp((l - max) / T)`` from logits (divided by its sum when
+    ``normalise``), else ``p``."""
     n = inputs.num_slots
     p = _load(ops, inputs.target, requests * n + ops.clip(node, 0, n - 1), name)
     if inputs.target_is_logits:

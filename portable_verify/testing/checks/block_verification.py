@@ -1,4 +1,4 @@
-"""Block verification (docs/semantics.md, issue 21): exact tokens and expected acceptance.
+"""Block verification (docs/semantics.md): exact tokens and expected acceptance.
 
 The joint-law checks of block verification are the ``stat.block_*`` scenarios of
 :mod:`portable_verify.testing.checks.losslessness`. This module adds what a law cannot show:

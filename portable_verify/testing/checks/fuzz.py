@@ -21,7 +21,7 @@ stay unwritten; and fixed valid probe calls give the same answers after every fi
 and at the end.
 
 ``fuzz.ragged_extremes`` sends the ragged layouts adversarial callers used to crash the
-process (issue 20): counts and offsets far beyond N, int64-extreme and overflowing offsets,
+process: counts and offsets far beyond N, int64-extreme and overflowing offsets,
 counts whose sum wraps to N, a huge ``max_num_draft_tokens``; as torch tensors, numpy arrays and
 int32 tensors, at every validation level, in child processes with a capped address space (an
 allocation meant for terabytes fails there instead of swapping the machine). Validated levels
@@ -378,7 +378,8 @@ class RaggedExtreme:
 _COUNTS, _CU = "num_draft_tokens", "cu_num_draft_tokens"
 RAGGED_EXTREMES: tuple[RaggedExtreme, ...] = (
     # validate=False is not probed where the lie asks for real work: with no checks, a count of
-    # 10**7 is 10**7 positions to decide (48 s on torch:cpu), which is the caller's request.
+    # 10**7 is 10**7 positions to decide (tens of seconds on torch:cpu: docs/benchmarks.md,
+    # "Figures behind code comments"), which is the caller's request.
     RaggedExtreme("counts far beyond N", _COUNTS, (10**7,), 2, 3, unvalidated=False),
     RaggedExtreme("counts one beyond N", _COUNTS, (3,), 2, 3),
     RaggedExtreme("count near 2**31", _COUNTS, (2**31 - 1,), 2, 3, unvalidated=False),
@@ -396,8 +397,8 @@ RAGGED_LEVELS: tuple[bool | str, ...] = (True, "full", False)
 RAGGED_PROBE_BUDGET_S = 60
 """A probe still running after this long counts as a hang (each takes well under a second)."""
 CHILD_ADDRESS_SPACE = 8 << 30
-"""The child's address-space cap (bytes): ~5x what importing every backend reserves, far below
-an allocation sized by a bogus count, so that allocation fails instead of exhausting RAM."""
+"""The child's address-space cap (bytes): several times what importing every backend reserves, far
+below an allocation sized by a bogus count, so that allocation fails instead of exhausting RAM."""
 ANY_BACKEND = "*"
 RAGGED_PENDING: dict[tuple[str, str], str] = {}
 """``(case name, backend or "*") -> reason``: known failures being fixed on other branches. A

@@ -12,7 +12,7 @@ slope over all samples is reported per call.
 
 The child runs one thread per runtime by default (torch, and OpenVINO through
 ``PORTABLE_VERIFY_OPENVINO_THREADS``): with a thread pool, resident memory moves in steps of
-8-15 MiB, up and down, as pool threads come and go (docs/testing.md, *Long run*), which would
+megabytes, up and down, as pool threads come and go (docs/testing.md, *Long run*), which would
 hide or fake a per-call leak of a few hundred bytes; with one thread it is flat to the page.
 """
 

@@ -25,7 +25,8 @@ CASE_SEED = 20261201
 QUICK_CASES, FULL_CASES = 40, 240
 SLOW_CHAIN_CASES = 12
 """Chain cases for a backend without ``statistical_sizes`` (the Triton interpreter: each case is
-ten interpreted launches, ~0.3 s each): 60 chain calls in every method and mode."""
+ten interpreted launches, each slow: docs/benchmarks.md, "Figures behind code comments"):
+60 chain calls in every method and mode."""
 NEAR = 1e-4
 
 

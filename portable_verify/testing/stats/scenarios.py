@@ -78,7 +78,7 @@ def _scenarios() -> dict[str, Scenario]:
                  dtype=torch.float16, **markov),
         Scenario("large_vocab_marginals", kind="positional", target=zipf_p, proposal=zipf_q,
                  trials=8_192, quick_trials=4_096, chunk=2_048, validate=False),
-        # Block verification (issue 21): the same law, a chain judged at once. K = 3 and three
+        # Block verification: the same law, a chain judged at once. K = 3 and three
         # tokens in the headline one, so a later success overriding an earlier failure reaches
         # the tested positions.
         Scenario("block_sequence_joint", target=p, proposal=q, num_drafts=3, length=3, **block),
