@@ -25,12 +25,6 @@ _ROOT = Path(portable_verify.__file__).parent
 # Examples whose expected output is wrong today: torch pads a tensor's entries to one width
 # (``tensor([[ 1,  0, -1]])``), the docstrings omit the padding. Strict, so the fix (dropping the
 # entry) is forced as soon as the example is corrected.
-_WRONG_TODAY = {
-    "portable_verify.api.padded": "verify's greedy example omits torch's column padding",
-    "portable_verify.api.rows": "verify_rows' greedy example omits torch's column padding",
-}
-
-
 def _modules_with_examples() -> list[str]:
     """Dotted names of the package's modules whose source holds a doctest prompt."""
     names = []
@@ -55,13 +49,7 @@ def test_the_doors_are_covered() -> None:
     assert doors <= found, sorted(doors - found)
 
 
-def _cases() -> list:
-    """One case per module; the known wrong ones as strict expected failures."""
-    return [pytest.param(name, marks=pytest.mark.xfail(reason=_WRONG_TODAY[name], strict=True))
-            if name in _WRONG_TODAY else name for name in _modules_with_examples()]
-
-
-@pytest.mark.parametrize("name", _cases())
+@pytest.mark.parametrize("name", _modules_with_examples())
 def test_examples_pass(name: str) -> None:
     module = importlib.import_module(name)
     outcome = _run_examples(module)

@@ -60,7 +60,7 @@ def verify(
     >>> import torch, portable_verify as pv
     >>> logits = torch.tensor([[[0., 5., 1.], [9., 0., 0.], [0., 0., 3.]]])
     >>> pv.verify(torch.tensor([[1, 2]]), target_logits=logits, method="greedy").token_ids
-    tensor([[1, 0, -1]])
+    tensor([[ 1,  0, -1]])
     """
     opts = read_options(method, typical_eps, typical_alpha, options, backend, validate)
     return decide(parse_padded(draft_token_ids, target_logits, target_probs, draft_probs,

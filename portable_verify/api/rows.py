@@ -63,7 +63,7 @@ def verify_rows(
     >>> rows = torch.tensor([[0., 5., 1.], [9., 0., 0.], [0., 0., 3.]])
     >>> pv.verify_rows(torch.tensor([[1, 2]]), target_rows=torch.tensor([[2, 0, 1]]),
     ...                target_logits=rows, options=pv.VerifyOptions("greedy")).token_ids
-    tensor([[2, -1, -1]])
+    tensor([[ 2, -1, -1]])
     """
     opts = read_options("auto", DEFAULT_TYPICAL.eps, DEFAULT_TYPICAL.alpha, options, backend,
                         validate)
