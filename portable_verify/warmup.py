@@ -19,10 +19,10 @@ import time
 import torch
 
 from portable_verify.api.ragged import verify_ragged
-from portable_verify.core.types import METHODS
+from portable_verify.core import methods as table
 
-WARM_METHODS: tuple[str, ...] = tuple(m for m in METHODS if m != "auto")
-"""The methods :func:`warm_up` warms by default: every method this build has."""
+WARM_METHODS: tuple[str, ...] = tuple(m for m in table.names(table.CHAIN) if m != "auto")
+"""The methods :func:`warm_up` warms by default: every chain method of the method table."""
 
 
 def warm_up(backend: str = "auto", methods: tuple[str, ...] | None = None,
@@ -35,9 +35,9 @@ def warm_up(backend: str = "auto", methods: tuple[str, ...] | None = None,
     ``validate=False`` and caller bonus tokens, as the vLLM plugin calls.
     """
     chosen = WARM_METHODS if methods is None else methods
-    unknown = [m for m in chosen if m not in METHODS]
+    unknown = [m for m in chosen if m not in WARM_METHODS]
     if unknown:
-        raise ValueError(f"methods must be among {METHODS}, got {unknown}")
+        raise ValueError(f"methods must be among {WARM_METHODS}, got {unknown}")
     g = torch.Generator().manual_seed(0)
     v = 8
     drafts = torch.tensor([1, 2, 3], dtype=torch.int64, device=device)

@@ -24,6 +24,7 @@ def collect() -> dict[str, Any]:
 
     status = pv.backend_status()
     return {
+        "methods": method_matrix([n for n, s in status.items() if s.available]),
         "machine": environment.machine(),
         "devices": environment.devices(),
         "auto_backend": {"cpu": select_backend("auto", "cpu").qualified_name},
@@ -33,6 +34,22 @@ def collect() -> dict[str, Any]:
         "numba": {"kernel_cache": numba_runtime.kernel_cache(),
                   "threading": numba_runtime.threading()},
     }
+
+
+def method_matrix(backends: list[str]) -> dict[str, Any]:
+    """Each method of the method table with its facts and, per available backend, the layouts
+    it verifies with it (read from the table and the backends' traits, never written here)."""
+    import portable_verify as pv
+    from portable_verify.core import methods
+
+    out: dict[str, Any] = {}
+    for name in methods.names():
+        m = methods.TABLE[name]
+        served = {b: [lay for lay in m.layouts
+                      if pv.get_backend(b).traits.implements(lay, m.rule)] for b in backends}
+        out[name] = {"exact": m.exact, "layouts": list(m.layouts), "draft_probs": m.draft_probs,
+                     "summary": m.summary, "backends": served}
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
         ok = "[green]yes[/]" if s["available"] else "[red]no[/]"
         backends.add_row(name, ok, s["reason"])
     console.print(backends)
+    console.print(_method_table(data["methods"]))
     versions = Table(title="libraries", title_justify="left")
     versions.add_column("library")
     versions.add_column("version")
@@ -70,6 +88,25 @@ def run(args: argparse.Namespace) -> int:
     console.print(versions)
     _print_numba(console, data["numba"])
     return 0
+
+
+def _method_table(matrix: dict[str, Any]) -> Any:
+    """Available backends down, methods across (lossy ones marked); a cell names the layouts
+    the backend verifies with the method: chain, tree, both or -."""
+    from rich.table import Table
+
+    table = Table(title="methods x backends (the layouts each verifies)", title_justify="left")
+    backends = list(next(iter(matrix.values()))["backends"]) if matrix else []
+    table.add_column("backend")
+    for name, row in matrix.items():
+        table.add_column(name if row["exact"] else f"{name} (lossy)")
+    for b in backends:
+        cells = []
+        for row in matrix.values():
+            served = row["backends"][b]
+            cells.append("both" if len(served) == 2 else served[0] if served else "-")
+        table.add_row(b, *cells)
+    return table
 
 
 def _print_numba(console: Any, numba: dict[str, Any]) -> None:
