@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from portable_verify.core import methods
+
 Shape = tuple[int, int, int]  # (B, K, V)
 
 FIXED_COST_SHAPE: Shape = (1, 2, 64)
@@ -39,14 +41,13 @@ class Variant:
         return SAMPLING_TEMPERATURE if self.inputs == "logits" else None
 
 
-VARIANTS: tuple[Variant, ...] = (
-    Variant("greedy", "logits"),
-    Variant("rejection", "logits"),
-    Variant("rejection", "probs"),
-    Variant("typical", "logits"),
-    Variant("block", "logits"),
-    Variant("block", "probs"),
-)
+VARIANTS: tuple[Variant, ...] = tuple(
+    Variant(name, inputs)
+    for name in methods.names(methods.CHAIN) if name != "auto"  # auto is rejection
+    for inputs in (("logits", "probs") if methods.TABLE[name].draft_probs == "uses"
+                   else ("logits",)))
+"""Every chain method of the method table, from logits, and from probabilities (with the
+draft's own) where the method reads ``draft_probs``."""
 
 
 @dataclass

@@ -31,7 +31,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from portable_verify import verify
-from portable_verify.core import arguments, rng
+from portable_verify.core import arguments, methods, rng
 from portable_verify.core.types import (
     DEFAULT_TYPICAL,
     TypicalParams,
@@ -40,9 +40,11 @@ from portable_verify.core.types import (
     options_alone,
 )
 
-LOOP_METHODS: tuple[str, ...] = ("greedy", "rejection", "typical", "block")
-PROB_METHODS: frozenset[str] = frozenset({"rejection", "block"})
-"""Methods whose verifier needs the draft's distributions (``draft_probs``)."""
+LOOP_METHODS: tuple[str, ...] = tuple(m for m in methods.names(methods.CHAIN) if m != "auto")
+"""The chain methods of the method table (``auto`` is ``rejection``)."""
+PROB_METHODS: frozenset[str] = frozenset(m for m in LOOP_METHODS
+                                         if methods.TABLE[m].draft_probs == "uses")
+"""Methods whose verifier reads the draft's distributions (``draft_probs``)."""
 DRAFT_OFFSET = 1 << 40
 """Added to the step counter for the draft's own uniforms, so they never reuse the verifier's."""
 PLAIN_HEAD_MODEL_TYPES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3"})

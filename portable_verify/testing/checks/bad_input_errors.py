@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 import portable_verify as pv
+from portable_verify.core import methods
 from portable_verify.testing.cases.bad_inputs import (
     ACCEPTED,
     BAD_CASES,
@@ -24,13 +25,14 @@ from portable_verify.testing.cases.bad_inputs import (
 from portable_verify.testing.checks.reference_comparison import check_shapes
 from portable_verify.testing.kit import CheckResult, check, summarize
 
-METHODS = ("greedy", "rejection", "typical")
+METHODS = tuple(m for m in methods.names(methods.CHAIN) if m != "auto")
+"""The chain methods of the method table (``auto`` is ``rejection``)."""
 
 
 def methods_of(backend: str) -> tuple[str, ...]:
-    """:data:`METHODS` plus block verification where the backend has it."""
-    has_block = pv.get_backend(backend).traits.implements("chain", "block")
-    return (*METHODS, "block") if has_block else METHODS
+    """The chain methods the backend implements (read from the table and its traits)."""
+    traits = pv.get_backend(backend).traits
+    return tuple(m for m in METHODS if traits.implements(methods.CHAIN, methods.TABLE[m].rule))
 
 
 def expect_error(call: dict[str, Any], backend: str, argument: str,
