@@ -11,7 +11,7 @@ import torch
 
 import portable_verify as pv
 from portable_verify import dispatch
-from portable_verify.backends.base import Availability, Backend
+from portable_verify.backends.base import Availability, Backend, BackendTraits
 
 LOGITS = torch.tensor([[[0.0, 5.0, 1.0], [9.0, 0.0, 0.0], [0.0, 0.0, 3.0]]])
 
@@ -104,6 +104,7 @@ def test_inputs_on_another_device_than_the_backend_are_refused(
     class PretendCuda(Backend):
         name = "_cudaonly"
         description = "test double"
+        traits = BackendTraits(chain_rules=("rejection",))
 
         def torch_device_type(self) -> str:
             return "cuda"

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import portable_verify as pv
-from portable_verify.backends.base import Availability, Backend
+from portable_verify.backends.base import Availability, Backend, BackendTraits
 from portable_verify.testing.isolation import run_isolated
 
 BACKENDS = pv.available_backends()
@@ -77,6 +77,7 @@ class _BrokenReference(Backend):
     """The reference with one bug, to show the fuzz properties can fail."""
 
     description = "test double"
+    traits = BackendTraits(chain_rules=("rejection", "typical", "block"))
     bug = ""
 
     def availability(self) -> Availability:

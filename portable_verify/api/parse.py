@@ -58,10 +58,9 @@ subnormal): such a temperature is greedy."""
 def read_options(method: Any, typical_eps: Any, typical_alpha: Any, options: Any,
                  backend: Any, validate: Any, layout: str = CHAIN) -> VerifyOptions:
     """The call's :class:`VerifyOptions` (cached: building one checks its fields), after the
-    host-only checks of ``backend`` and ``validate``; a method that does not serve ``layout``
-    is refused with the one that does (the method table)."""
-    if type(backend) is not str:
-        raise TypeError(f"backend must be a backend name (str), got {backend!r}")
+    host-only check of ``validate``; a method that does not serve ``layout`` is refused with
+    the one that does (the method table). ``backend`` is checked where it is resolved
+    (``dispatch.select_backend``)."""
     if validate is not True and validate is not False and validate != "full":
         raise TypeError(f"validate must be True, False or \"full\", got {validate!r}")
     if options is not None:

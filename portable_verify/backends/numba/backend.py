@@ -160,13 +160,13 @@ class NumbaBackend(Backend):
         counts = EMPTY_I64_1 if call.counts is None else call.counts
         bonus = EMPTY_I64_1 if call.bonus is None else call.bonus
         options = call.options
-        all_greedy = options.method == "greedy"
+        method = call.rule  # None: every row greedy (the parser decided it)
+        all_greedy = method is None
         temps, temp_scalar = EMPTY_F32_1, 1.0
         t = call.temperature
         if not all_greedy and t is not None:
             if type(t) is float:  # checked by the parser, before this rounding
                 temp_scalar = float(np.float32(t)) if t <= FLOAT32_MAX else math.inf
-                all_greedy = temp_scalar == 0.0
             else:
                 temps = t
         if all_greedy and call.rows is None and call.uniforms is None:
@@ -190,8 +190,7 @@ class NumbaBackend(Backend):
                     offset_scalar = offset
                 elif offset is not None:
                     offsets = offset
-            method = options.sampled_method
-            if method not in CHAIN_RULES:
+            if not all_greedy and method not in CHAIN_RULES:
                 raise methods.unknown_rule(method, "numba:cpu", methods.CHAIN)
             typical = options.typical.kernel_scalars() if method == "typical" else NO_TYPICAL
             record = record_of((call.target_name == "target_logits", all_greedy,
