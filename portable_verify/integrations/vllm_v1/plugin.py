@@ -23,9 +23,9 @@ With the sampler on, ``PORTABLE_VERIFY_VLLM_METHOD`` picks the rule of sampled r
 vLLM registers the plugin: a bad value raises :class:`SettingsError`, which names the variable
 and, left uncaught, ends the process with that one line (vLLM's OpenAI server loads general
 plugins while it parses its arguments, so that is where a server stops). The choice is logged
-once per process that registers it (the API server, the engine core, each worker), and each
-worker warms the kernels before its first step (:func:`portable_verify.warm_up`, logged with
-its time).
+once per process that registers it (the engine core and each worker; the API server registers it
+before vLLM sets up its logging, so its line is not shown), and each worker warms the kernels
+before its first step (:func:`portable_verify.warm_up`, logged with its time).
 """
 
 from __future__ import annotations
