@@ -38,7 +38,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from portable_verify.core.types import DEFAULT_TYPICAL, METHODS, TypicalParams, VerifyOptions
+from portable_verify.core import methods
+from portable_verify.core.types import DEFAULT_TYPICAL, TypicalParams, VerifyOptions
 from portable_verify.integrations.vllm_v1.constraints import install_empty_step_guard
 from portable_verify.integrations.vllm_v1.expansion import install_checked_expansion
 from portable_verify.integrations.vllm_v1.sampler import make_rejection_sample, timed
@@ -54,8 +55,10 @@ ENV_TYPICAL_ALPHA = "PORTABLE_VERIFY_VLLM_TYPICAL_ALPHA"
 OPTION_FLAGS = {"--typical-eps": ENV_TYPICAL_EPS, "--typical-alpha": ENV_TYPICAL_ALPHA}
 """The method's options as ``portable-verify serve`` flags, each setting its variable (a new
 option is a row here, not a change to the command)."""
-VLLM_METHODS = ("rejection", "block", "typical")
-"""Rules a sampled request can be verified by inside vLLM (greedy requests stay greedy)."""
+VLLM_METHODS: tuple[str, ...] = tuple(
+    m for m in methods.names(methods.CHAIN) if m not in ("auto", "greedy"))
+"""The chain rules of the method table a sampled request can be verified by inside vLLM
+(greedy requests stay greedy; ``auto`` is ``rejection``)."""
 _ON = ("1", "on", "true", "yes", "sampler")
 _OFF = ("", "0", "off", "false", "no")
 _V1_MODULE = "vllm.v1.sample.rejection_sampler"
@@ -128,9 +131,6 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
     if method not in VLLM_METHODS:
         raise SettingsError(f"{ENV_METHOD} must be one of {', '.join(VLLM_METHODS)}; "
                             f"got {env[ENV_METHOD]!r}")
-    if method not in METHODS:
-        raise SettingsError(f"{ENV_METHOD}={method} needs a portable_verify build with that "
-                            f"method; this one has {', '.join(METHODS)}")
     given = {name: env[name].strip() for name in (ENV_TYPICAL_EPS, ENV_TYPICAL_ALPHA)
              if env.get(name, "").strip()}
     if given and method != "typical":
