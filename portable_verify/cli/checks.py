@@ -3,7 +3,8 @@
 Why: a bad command line should cost one line on stderr and exit status 2, not a traceback
 after minutes of benchmarking (e.g. a ``--json`` path whose folder does not exist). Each
 subcommand registers a ``check(args)`` (:func:`register`) that raises :class:`UsageError`;
-``cli.main`` turns it into argparse's own one-line error (``portable-verify bench: error: --backend: ...``).
+``cli.main`` turns it into argparse's own one-line error
+(``portable-verify bench: error: --backend: ...``).
 """
 
 from __future__ import annotations
