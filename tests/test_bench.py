@@ -384,6 +384,9 @@ def test_gpu_check_refuses_without_a_gpu_and_rehearses_on_cpu(tmp_path: Path,
     assert data["verdict"]["tree_small_v_exact"] is True  # the Triton tree kernel, interpreted
     assert data["verdict"]["tree_speed_cells"] > 0
     assert json.loads((tmp_path / "copy.json").read_text())["verdict"] == data["verdict"]
+    out = capsys.readouterr().out.splitlines()  # the one-line verdict ends standard output
+    assert out[-1].startswith(f"gpu-check: {len(data['summary'])} of {len(data['summary'])} "
+                              "sections ok"), out
 
 
 def _synthetic_cells() -> list[dict]:
