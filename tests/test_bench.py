@@ -472,10 +472,13 @@ def test_target_lines_group_a_target_over_its_shapes() -> None:
     groups = output.target_groups([cell(1, 5.0, True), cell(8, 3.0, True)])
     assert [(g["met"], g["worst"]) for g in groups] == [(True, 3.0)]
     (line,) = output.target_lines(groups)
-    assert line.startswith("met") and "3.00 (worst of 2 shapes)" in line
+    assert line.startswith("met") and line.endswith("3.00 (worst, 2 shapes)")
     groups = output.target_groups([cell(1, 5.0, True), cell(8, 1.5, False)])  # one shape missed
     assert [(g["met"], g["worst"]) for g in groups] == [(False, 1.5)]
     assert output.target_lines(groups)[0].startswith("MISSED")
+    other = dict(cell(1, 5.0, True), backend="torch:cpu")  # two backends: each line names its
+    lines = output.target_lines(output.target_groups([cell(1, 5.0, True), other]))
+    assert [line.split()[1] for line in lines] == ["numba:cpu:", "torch:cpu:"]
     meta = {"thread_counts": [1]}
     assert output.verdict_text(groups, [cell(1, 5.0, True)], meta) == (
         "0 of 1 targets met (numba:cpu, 1 thread)")

@@ -227,13 +227,15 @@ def target_groups(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def target_lines(groups: list[dict[str, Any]]) -> list[str]:
-    """One line per target and backend: verdict first, then the target and the figure."""
+    """One line per target (and backend, named first where the run timed several): verdict
+    first, then the target and its figure (the worst over its shapes)."""
+    several = len({g["backend"] for g in groups}) > 1
     lines = []
     for g in groups:
         n = len(g["values"])
-        value = f"{g['worst']:.2f}" + (f" (worst of {n} shapes)" if n > 1 else "")
-        lines.append(f"{'met   ' if g['met'] else 'MISSED'} {g['target']}: {value} "
-                     f"[{g['backend']}]")
+        value = f"{g['worst']:.2f}" + (f" (worst, {n} shapes)" if n > 1 else "")
+        backend = f"{g['backend']}: " if several else ""
+        lines.append(f"{'met   ' if g['met'] else 'MISSED'} {backend}{g['target']}: {value}")
     return lines
 
 

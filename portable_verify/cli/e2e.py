@@ -291,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
         write_json(args.json, data)
     if not to_stdout(args):
         console = Console()
-        render(data, console if console.is_terminal else Console(width=100))
+        render(data, console if console.is_terminal else Console(width=150))
     else:
         render(data, err)
     problems = mismatches(data)
