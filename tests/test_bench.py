@@ -141,7 +141,8 @@ def _bench_cli(argv: list[str]) -> int:
     return args.func(args)
 
 
-def test_bench_cli_writes_every_figure(tmp_path: Path) -> None:
+def test_bench_cli_writes_every_figure(tmp_path: Path,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
     import csv
     import importlib.util
 
@@ -186,6 +187,10 @@ def test_bench_cli_writes_every_figure(tmp_path: Path) -> None:
     assert len(rows) == len(cells) and "speedup_vs_dense" in rows[0] and rows[0]["threads"] == "1"
     assert out["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert out["md"].read_text().count("| cpu/") == len(cells)
+    printed = capsys.readouterr().out.splitlines()  # captured: not a terminal, 100 columns
+    assert printed and all(len(line) <= 100 for line in printed)
+    assert not any("\u2026" in line for line in printed), "a cell was cut"
+    assert printed[-1].startswith("bench: ") and "targets met" in printed[-1]
 
 
 def test_bench_cli_thread_sweep_reports_speedups_beside_amax(tmp_path: Path) -> None:
@@ -292,7 +297,7 @@ def test_bench_rejects_bad_options(capsys: pytest.CaptureFixture[str]) -> None:
     assert _bench_cli(["--clock", "cpu", "--threads", "2"]) == 2
     if not torch.cuda.is_available():
         assert _bench_cli(["--device", "cuda"]) == 2
-    assert "--clock cpu" in capsys.readouterr().err
+    assert "--clock" in capsys.readouterr().err
 
 
 def test_info_lists_backends_with_reasons() -> None:
@@ -379,3 +384,101 @@ def test_gpu_check_refuses_without_a_gpu_and_rehearses_on_cpu(tmp_path: Path,
     assert data["verdict"]["tree_small_v_exact"] is True  # the Triton tree kernel, interpreted
     assert data["verdict"]["tree_speed_cells"] > 0
     assert json.loads((tmp_path / "copy.json").read_text())["verdict"] == data["verdict"]
+    out = capsys.readouterr().out.splitlines()  # the one-line verdict ends standard output
+    assert out[-1].startswith(f"gpu-check: {len(data['summary'])} of {len(data['summary'])} "
+                              "sections ok"), out
+
+
+def _synthetic_cells() -> list[dict]:
+    """Cells with the widest values a run prints (long names, big shapes, slow times)."""
+    cells = []
+    for b, k, v in ((1, 2, 64), (64, 5, 128256)):
+        for method, inputs in (("greedy", "logits"), ("rejection", "probs"),
+                               ("typical", "logits"), ("block", "probs")):
+            cell = {"device": "cpu", "backend": "triton:interpreter", "dtype": "bfloat16",
+                    "threads": 1, "B": b, "K": k, "V": v, "variant": f"{method}/{inputs}",
+                    "method": method, "inputs": inputs,
+                    "times_ms": {"verify": 12345.678, "dense": 99999.99, "floor": 0.001,
+                                 "argmax": 1.0, "hf": None, "vllm_v0_typical": 1.0,
+                                 "verify_validated": 2.0, "verify_validated_full": None,
+                                 "rejection_same_inputs": 3.0},
+                    "ratios": {"speedup_vs_dense": 1234.5, "x_floor": 12345678.9,
+                               "x_argmax": 1.0, "speedup_vs_hf": None,
+                               "speedup_vs_vllm_typical": 1.0, "validation_overhead": 1.1,
+                               "validation_full_overhead": None, "x_rejection": 1.2},
+                    "acceptance_per_position": [0.5] * k}
+            cell["targets"] = [{"target": "t", "met": False, "value": 2.0, "op": "<=",
+                                "threshold": 1.0}] * 3
+            cells.append(cell)
+    return cells
+
+
+def _meta() -> dict:
+    return {"machine": {"cpu": "Some Very Long CPU Model Name @ 3.00GHz"}, "threads": 1,
+            "thread_counts": [1], "repetitions": 5, "clock": "wall"}
+
+
+def _rendered(table: object, width: int) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    console.print(table)
+    return console.file.getvalue().splitlines()
+
+
+def test_default_table_fits_100_columns_without_cutting_a_cell() -> None:
+    from portable_verify.bench import output
+
+    cells, meta = _synthetic_cells(), _meta()
+    (table,) = output.compact_tables(cells, meta)
+    lines = _rendered(table, 100)
+    assert all(len(line) <= 100 for line in lines)
+    assert not any("\u2026" in line for line in lines), "\n".join(lines)
+    text = "\n".join(lines)
+    for expected in ("rejection", "probs", "logits", "64,5,128256", "12345.678",
+                     "12345678.90", "1234.5", "MISSED 3 of 3"):
+        assert expected in text, expected
+    # The negative control: the wide table at the same width must be cut, or the check above
+    # could not see a cut.
+    wide = _rendered(output.render_table(cells, meta), 100)
+    assert any("\u2026" in line for line in wide)
+
+
+def test_wide_table_keeps_every_column() -> None:
+    from rich.console import Console
+
+    from portable_verify.bench import output
+
+    cells, meta = _synthetic_cells(), _meta()
+    table = output.render_table(cells, meta)
+    width = Console(width=1000).measure(table).maximum  # what `bench --wide` renders at
+    text = "\n".join(_rendered(table, width))
+    assert "\u2026" not in text
+    for column in ("device/backend", "dtype", "ours", "dense", "floor", "vs dense", "x floor",
+                   "x argmax", "vs vLLM typ", "valid.", "x rej.", "accept/pos", "targets"):
+        assert column in text, column
+
+
+def test_target_lines_group_a_target_over_its_shapes() -> None:
+    from portable_verify.bench import output
+
+    def cell(b: int, value: float, met: bool) -> dict:
+        return {"backend": "numba:cpu", "B": b, "targets": [
+            {"target": "typical/logits every shape: >= 2 x faster", "op": ">=",
+             "threshold": 2.0, "value": value, "met": met}]}
+
+    groups = output.target_groups([cell(1, 5.0, True), cell(8, 3.0, True)])
+    assert [(g["met"], g["worst"]) for g in groups] == [(True, 3.0)]
+    (line,) = output.target_lines(groups)
+    assert line.startswith("met") and line.endswith("3.00 (worst, 2 shapes)")
+    groups = output.target_groups([cell(1, 5.0, True), cell(8, 1.5, False)])  # one shape missed
+    assert [(g["met"], g["worst"]) for g in groups] == [(False, 1.5)]
+    assert output.target_lines(groups)[0].startswith("MISSED")
+    other = dict(cell(1, 5.0, True), backend="torch:cpu")  # two backends: each line names its
+    lines = output.target_lines(output.target_groups([cell(1, 5.0, True), other]))
+    assert [line.split()[1] for line in lines] == ["numba:cpu:", "torch:cpu:"]
+    meta = {"thread_counts": [1]}
+    assert output.verdict_text(groups, [cell(1, 5.0, True)], meta) == (
+        "0 of 1 targets met (numba:cpu, 1 thread)")

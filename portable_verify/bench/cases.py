@@ -15,6 +15,10 @@ FIXED_COST_SHAPE: Shape = (1, 2, 64)
 FULL_SHAPES: tuple[Shape, ...] = (FIXED_COST_SHAPE, (1, 2, 32000), (8, 4, 32000), (32, 4, 32000),
                                   (64, 5, 128256))
 QUICK_SHAPES: tuple[Shape, ...] = (FIXED_COST_SHAPE, (1, 2, 32000), (8, 4, 32000), (32, 4, 32000))
+DEFAULT_SHAPES: tuple[Shape, ...] = QUICK_SHAPES
+"""``bench`` without ``--full``: every shape but the largest (B=64 at V=128256, whose dense
+baseline alone takes minutes on a small CPU), so a first run ends in a few minutes; the
+repetitions tell the default run from ``--quick``."""
 SAMPLING_TEMPERATURE = 0.7
 DRAFT_CORRUPTION = 0.3  # share of drafts replaced by random ids, so rows reject at varied places
 BLOCK_DRAFT_NOISE = 1.0
@@ -118,6 +122,13 @@ def _block_inputs(logits: torch.Tensor, variant: Variant, dtype: torch.dtype,
                       draft_probs=q.to(device=device, dtype=dtype),
                       seeds=torch.arange(b, dtype=torch.int64).to(device),
                       acceptance=[round(a, 3) for a in acceptance])
+
+
+def input_bytes(shape: Shape) -> int:
+    """Bytes of one cell's float32 inputs at most: the target ``[B, K+1, V]`` and the draft's
+    distributions ``[B, K, V]`` (what ``bench --shapes`` is bounded by)."""
+    b, k, v = shape
+    return 4 * b * (2 * k + 1) * v
 
 
 def parse_shapes(text: str) -> tuple[Shape, ...]:

@@ -167,6 +167,92 @@ def render_table(cells: list[dict[str, Any]], meta: dict[str, Any]) -> Any:
     return table
 
 
+COMPACT_COLUMNS = ("method", "input", "B,K,V", "ms/call", "x floor", "x dense", "verdict")
+
+
+def _series(cell: dict[str, Any], meta: dict[str, Any]) -> tuple[str, str, int]:
+    return f"{cell['device']}/{cell['backend']}", cell["dtype"], cell.get("threads",
+                                                                          meta["threads"])
+
+
+def _cell_verdict(cell: dict[str, Any]) -> str:
+    """"met", "MISSED n of m", or "-" where no target applies to the cell."""
+    missed = sum(not t["met"] for t in cell["targets"])
+    if not cell["targets"]:
+        return "-"
+    return f"MISSED {missed} of {len(cell['targets'])}" if missed else "met"
+
+
+def compact_tables(cells: list[dict[str, Any]], meta: dict[str, Any]) -> list[Any]:
+    """One narrow table per series (device/backend, dtype, threads): method, input kind,
+    shape, time per call, x floor, x dense and the cell's verdict (fits 100 columns)."""
+    from rich.table import Table
+
+    series: dict[tuple[str, str, int], list[dict[str, Any]]] = {}
+    for c in cells:
+        series.setdefault(_series(c, meta), []).append(c)
+    tables = []
+    for (backend, dtype, count), group in series.items():
+        title = (f"{backend}, {dtype}, {count} thread(s): medians of {meta['repetitions']} "
+                 f"interleaved repetitions, {meta['clock']} clock ({meta['machine']['cpu']})")
+        table = Table(title=title, title_justify="left")
+        for col in COMPACT_COLUMNS:
+            table.add_column(col, justify="left" if col in ("method", "input", "verdict")
+                             else "right", no_wrap=True)
+        for c in sorted(group, key=lambda c: (c["B"], c["K"], c["V"])):
+            t, r = c["times_ms"], c["ratios"]
+            verdict = _cell_verdict(c)
+            table.add_row(c["method"], c["inputs"], f"{c['B']},{c['K']},{c['V']}",
+                          _fmt(t["verify"], ".3f"), _fmt(r["x_floor"], ".2f"),
+                          _fmt(r["speedup_vs_dense"], ".1f"),
+                          f"[red]{verdict}[/]" if verdict.startswith("MISSED") else verdict)
+        tables.append(table)
+    return tables
+
+
+def target_groups(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Targets grouped by (target, backend): a target for every shape is one entry, met only
+    where every shape met it, with the worst value."""
+    groups: dict[tuple[str, str], dict[str, Any]] = {}
+    for c in cells:
+        for t in c["targets"]:
+            g = groups.setdefault((t["target"], c["backend"]), {
+                "target": t["target"], "backend": c["backend"], "op": t["op"],
+                "threshold": t["threshold"], "values": [], "met": True})
+            g["values"].append(t["value"])
+            g["met"] = g["met"] and t["met"]
+    for g in groups.values():
+        g["worst"] = max(g["values"]) if g["op"] == "<=" else min(g["values"])
+    return list(groups.values())
+
+
+def target_lines(groups: list[dict[str, Any]]) -> list[str]:
+    """One line per target (and backend, named first where the run timed several): verdict
+    first, then the target and its figure (the worst over its shapes)."""
+    several = len({g["backend"] for g in groups}) > 1
+    lines = []
+    for g in groups:
+        n = len(g["values"])
+        value = f"{g['worst']:.2f}" + (f" (worst, {n} shapes)" if n > 1 else "")
+        backend = f"{g['backend']}: " if several else ""
+        lines.append(f"{'met   ' if g['met'] else 'MISSED'} {backend}{g['target']}: {value}")
+    return lines
+
+
+def verdict_text(groups: list[dict[str, Any]], cells: list[dict[str, Any]],
+                 meta: dict[str, Any]) -> str:
+    """``14 of 15 targets met (numba:cpu, 1 thread)``: the run's one-line verdict."""
+    backends = ", ".join(dict.fromkeys(c["backend"] for c in cells)) or "no backend"
+    counts = meta.get("thread_counts", [1])
+    where = f"{backends}, {counts[0]} thread" + ("s" if counts[0] != 1 else "")
+    if len(counts) > 1:
+        where = f"{backends}, threads {','.join(map(str, counts))}"
+    if not groups:
+        return f"{len(cells)} cells timed, no target applies ({where})"
+    met = sum(g["met"] for g in groups)
+    return f"{met} of {len(groups)} targets met ({where})"
+
+
 def plot(path: str | Path, cells: list[dict[str, Any]], meta: dict[str, Any]) -> None:
     """Time per call against batch size: ours and dense per variant, and the floor (log-log);
     for a thread sweep, time per call against threads instead (:func:`plot_threads`)."""

@@ -1,4 +1,9 @@
-"""``portable-verify bench``: time the verifier beside the dense baseline and the memory floor."""
+"""``portable-verify bench``: time the verifier beside the dense baseline and the memory floor.
+
+The default run is sized for a person at a terminal (a few minutes, cold kernel cache
+included); ``--full`` adds the largest shape and more repetitions, ``--quick`` is a first look.
+The table shows what a reader needs at 100 columns; ``--wide`` shows every measured column.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,12 @@ import argparse
 import sys
 from typing import Any
 
+from portable_verify.cli import checks
 from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
+from portable_verify.cli.progress import Progress, add_quiet_option, verdict
+
+NARROW_WIDTH = 100
+"""Render width when stdout is not a terminal (a log, CI, ``| tee``)."""
 
 
 def add_parser(subparsers: Any) -> None:
@@ -17,7 +27,11 @@ def add_parser(subparsers: Any) -> None:
         "interleaved repetitions and the ratios to the dense textbook verifier, the "
         "memory-read floor, torch.argmax and HF transformers (batch 1).",
     )
-    p.add_argument("--quick", action="store_true", help="small grid, fewer repetitions (<1 min)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--quick", action="store_true",
+                      help="small grid, fewer repetitions (about a minute)")
+    size.add_argument("--full", action="store_true",
+                      help="the whole grid, with B=64 at V=128256, and 7 repetitions")
     p.add_argument("--shapes", help="override the grid: 'B,K,V;B,K,V;...'")
     p.add_argument("--variants", help="comma list of method/inputs, e.g. greedy/logits")
     p.add_argument("--device", action="append", help="torch device (repeatable); default: auto")
@@ -26,7 +40,8 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--dtype", action="append", choices=("float32", "bfloat16", "float16"),
                    help="input dtype (repeatable); default float32")
     p.add_argument("--half", action="store_true", help="also run bfloat16 and float16 inputs")
-    p.add_argument("--repetitions", type=int, help="interleaved repetitions (default 7; 3 quick)")
+    p.add_argument("--repetitions", type=int,
+                   help="interleaved repetitions (default 5; 3 quick; 7 full)")
     p.add_argument("--threads", default="1",
                    help="CPU thread count, or a comma list for a sweep in one run (e.g. 1,2): "
                    "every count is timed inside the same interleaved repetitions and each cell "
@@ -38,93 +53,151 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--validation", nargs="?", const="default", choices=("default", "full"),
                    help="also time verify(validate=True) as its own column; '--validation full' "
                    "adds verify(validate=\"full\") (every full-row check) beside it")
+    p.add_argument("--wide", action="store_true",
+                   help="every measured column (the default table fits 100 columns)")
     add_json_option(p, "every figure and the context")
     p.add_argument("--csv", metavar="PATH", help="write one row per cell as CSV")
     p.add_argument("--markdown", metavar="PATH", help="write the ratios as a Markdown table")
     p.add_argument("--plot", metavar="PNG", help="plot time per call against batch size "
                    "(against threads for a sweep)")
-    p.set_defaults(func=run)
+    add_quiet_option(p)
+    checks.register(p, run, check)
 
 
-def _config(args: argparse.Namespace) -> Any:
+def check(args: argparse.Namespace) -> None:
+    """Every option judged before any timing: the grid, the backends, the output paths."""
+    _config(args)
+    checks.backends("--backend", args.backend)
+    checks.writable_file("--json", args.json, stdout_ok=True)
+    for flag, path in (("--csv", args.csv), ("--markdown", args.markdown),
+                       ("--plot", args.plot)):
+        checks.writable_file(flag, path)
+    if args.plot:
+        import importlib.util
+
+        if importlib.util.find_spec("matplotlib") is None:
+            raise checks.UsageError("--plot", "needs matplotlib (pip install matplotlib)")
+
+
+def _shapes(args: argparse.Namespace) -> Any:
+    from portable_verify.bench.cases import (
+        DEFAULT_SHAPES,
+        FULL_SHAPES,
+        QUICK_SHAPES,
+        input_bytes,
+        parse_shapes,
+    )
+
+    if not args.shapes:
+        return QUICK_SHAPES if args.quick else FULL_SHAPES if args.full else DEFAULT_SHAPES
+    try:
+        shapes = parse_shapes(args.shapes)
+    except ValueError as exc:
+        raise checks.UsageError("--shapes", str(exc).removeprefix("--shapes: ")) from None
+    limit = checks.memory_limit_bytes()
+    for shape in shapes:
+        if input_bytes(shape) > limit:
+            raise checks.UsageError(
+                "--shapes", f"{','.join(map(str, shape))} needs {input_bytes(shape) / 2**30:.1f}"
+                f" GiB of float32 inputs; the limit is {limit / 2**30:.1f} GiB (2 GiB, or a "
+                "quarter of physical memory where less)")
+    return shapes
+
+
+def _variants(args: argparse.Namespace) -> Any:
+    from portable_verify.bench.cases import VARIANTS
+
+    if not args.variants:
+        return VARIANTS
+    wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
+    known = {v.label: v for v in VARIANTS}
+    unknown = [w for w in wanted if w not in known]
+    if unknown or not wanted:
+        raise checks.UsageError("--variants", f"unknown {unknown or args.variants!r}; "
+                                f"choose from {', '.join(known)}")
+    return tuple(known[w] for w in wanted)
+
+
+def _devices(args: argparse.Namespace) -> list[Any]:
     import torch
 
-    from portable_verify.bench.cases import FULL_SHAPES, QUICK_SHAPES, VARIANTS, parse_shapes
     from portable_verify.bench.environment import default_device
-    from portable_verify.bench.run import BenchConfig
-    from portable_verify.bench.threads import parse_counts
 
-    counts = parse_counts(args.threads)
-    shapes = parse_shapes(args.shapes) if args.shapes else (QUICK_SHAPES if args.quick
-                                                            else FULL_SHAPES)
-    variants = VARIANTS
-    if args.variants:
-        wanted = [v.strip() for v in args.variants.split(",") if v.strip()]
-        known = {v.label: v for v in VARIANTS}
-        unknown = [w for w in wanted if w not in known]
-        if unknown:
-            raise ValueError(f"--variants: unknown {unknown}; choose from {sorted(known)}")
-        variants = tuple(known[w] for w in wanted)
-    dtypes = list(args.dtype or ["float32"])
-    if args.half:
-        dtypes += [d for d in ("bfloat16", "float16") if d not in dtypes]
     try:
         devices = [torch.device(d) for d in args.device] if args.device else [default_device()]
     except RuntimeError as exc:
-        raise ValueError(f"--device: {exc}") from exc
+        raise checks.UsageError("--device", str(exc)) from None
     for d in devices:
         module = getattr(torch, d.type, None)
         if d.type != "cpu" and not (module is not None and module.is_available()):
-            raise ValueError(f"--device {d}: no such device is available here "
-                             "(see `portable-verify info`)")
-    repetitions = args.repetitions or (3 if args.quick else 7)
-    if repetitions < 1:
-        raise ValueError(f"--repetitions must be >= 1, got {repetitions}")
+            raise checks.UsageError("--device", f"{d}: no such device is available here "
+                                    "(see `portable-verify info`)")
+    return devices
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from portable_verify.bench.run import BenchConfig
+    from portable_verify.bench.threads import parse_counts
+
+    try:
+        counts = parse_counts(args.threads)
+    except ValueError as exc:
+        raise checks.UsageError("--threads", str(exc).removeprefix("--threads: ")) from None
+    dtypes = list(args.dtype or ["float32"])
+    if args.half:
+        dtypes += [d for d in ("bfloat16", "float16") if d not in dtypes]
+    devices = _devices(args)
+    repetitions = (args.repetitions if args.repetitions is not None
+                   else 3 if args.quick else 7 if args.full else 5)
+    checks.at_least("--repetitions", repetitions, 1)
     if args.clock == "cpu" and (counts != (1,) or any(d.type != "cpu" for d in devices)):
-        raise ValueError("--clock cpu measures one thread's CPU time: use it with --threads 1 "
-                         "on CPU devices only")
+        raise checks.UsageError("--clock", "cpu measures one thread's CPU time: use it with "
+                                "--threads 1 on CPU devices only")
     return BenchConfig(
-        shapes=shapes, devices=devices, backends=list(args.backend or ["auto"]),
-        variants=variants, dtypes=tuple(dtypes), repetitions=repetitions,
+        shapes=_shapes(args), devices=devices, backends=list(args.backend or ["auto"]),
+        variants=_variants(args), dtypes=tuple(dtypes), repetitions=repetitions,
         min_block_s=0.01 if args.quick else 0.03,
         validation={None: False, "default": True}.get(args.validation, args.validation),
         threads=counts, clock=args.clock,
     )
 
 
-def run(args: argparse.Namespace) -> int:
+def _console(args: argparse.Namespace, table: Any = None) -> Any:
+    """The terminal's width on a terminal, else 100 columns (``--wide``: the table's own)."""
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+    stderr = to_stdout(args)  # with the JSON on standard output, the tables go to stderr
+    stream = sys.stderr if stderr else sys.stdout
+    if stream.isatty():
+        return Console(stderr=stderr)
+    width = NARROW_WIDTH
+    if table is not None:
+        width = max(width, Console(width=1000).measure(table).maximum)
+    return Console(width=width, stderr=stderr)
+
+
+def run(args: argparse.Namespace) -> int:
     from portable_verify.bench import output
     from portable_verify.bench.run import metadata, plan
     from portable_verify.bench.run import run as run_grid
 
     try:
         config = _config(args)
-    except ValueError as exc:
-        print(f"portable-verify bench: {exc}", file=sys.stderr)
+    except checks.UsageError as exc:  # called without cli.main's check (e.g. from a test)
+        checks.say_error("portable-verify bench", str(exc))
         return 2
-    # With the JSON on standard output, the human-readable table goes to stderr.
-    console = Console(width=None if sys.stdout.isatty() else 150, stderr=to_stdout(args))
     meta = metadata(config, getattr(args, "argv", None))
     cells: list[dict[str, Any]] = []
     total = len(plan(config))
-    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=console, transient=True) as progress:
-        task = progress.add_task("benchmarking", total=total)
+    with Progress("bench", total=total, quiet=args.quiet) as progress:
+        progress.say(f"timing {total} cells, {config.repetitions} interleaved repetitions "
+                     "each (a cold numba cache compiles on the first cells)")
         for m, new in run_grid(config):
             cells.extend(new)
             b, k, v = m.shape
-            progress.update(task, advance=1,
-                            description=f"{m.device} {m.dtype} ({b},{k},{v}) {m.variant.label}")
-    console.print(output.render_table(cells, meta))
-    summary = output.target_summary(cells)
-    for t in summary:
-        mark = "[green]met[/]" if t["met"] else "[red]MISSED[/]"
-        console.print(f"target {t['target']} [{t['backend']}]: {t['value']:.2f} -> {mark}")
-    peer = next(iter(meta["peers"].items()))
-    console.print(f"peer {peer[0]}: {peer[1]['detail']}")
+            ms = ", ".join(f"{c['backend']} {c['times_ms']['verify']:.3f} ms" for c in new)
+            progress.advance(f"{m.device} {m.dtype} {m.variant.label} ({b},{k},{v}): {ms}")
+    _print_results(args, cells, meta)
     if args.json:
         write_json(args.json, {"meta": meta, "cells": cells,
                                "targets": output.target_summary(cells)})
@@ -134,4 +207,21 @@ def run(args: argparse.Namespace) -> int:
         output.write_markdown(args.markdown, meta, cells)
     if args.plot:
         output.plot(args.plot, cells, meta)
+    groups = output.target_groups(cells)
+    verdict("bench", output.verdict_text(groups, cells, meta), to_stderr=to_stdout(args))
     return 0
+
+
+def _print_results(args: argparse.Namespace, cells: list[dict[str, Any]],
+                   meta: dict[str, Any]) -> None:
+    from portable_verify.bench import output
+
+    tables = [output.render_table(cells, meta)] if args.wide else output.compact_tables(
+        cells, meta)
+    for table in tables:
+        _console(args, table if args.wide else None).print(table)
+    console = _console(args)
+    for line in output.target_lines(output.target_groups(cells)):
+        console.print(line, markup=False, highlight=False)
+    peer = next(iter(meta["peers"].items()))
+    console.print(f"peer {peer[0]}: {peer[1]['detail']}", highlight=False)

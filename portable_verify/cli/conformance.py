@@ -10,7 +10,9 @@ import argparse
 import sys
 from typing import Any
 
+from portable_verify.cli import checks
 from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
+from portable_verify.cli.progress import Progress, add_quiet_option, verdict
 
 
 def add_parser(subparsers: Any) -> None:
@@ -42,7 +44,27 @@ def add_parser(subparsers: Any) -> None:
         "and extra threads only oversubscribe a shared machine)",
     )
     add_json_option(p, "one row per check and backend (status, seconds, evidence)")
-    p.set_defaults(func=run)
+    add_quiet_option(p)
+    checks.register(p, run, check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """Backends, check names, threads and the JSON path, judged before any check runs."""
+    from portable_verify.testing import kit
+    from portable_verify.testing.stats.negative_controls import controls_registered
+
+    checks.at_least("--threads", args.threads, 1)
+    checks.writable_file("--json", args.json, stdout_ok=True)
+    with controls_registered():  # the kit's negative controls are backends by name too
+        checks.backends("--backend", args.backend, allow_auto=False)
+    if args.check and not _wanted(args, kit.all_checks()):
+        names = ", ".join(sorted({c.name.split(".")[0] + "." for c in kit.all_checks()}))
+        raise checks.UsageError("--check", f"no check matches {args.check}; check names start "
+                                f"with {names}")
+
+
+def _wanted(args: argparse.Namespace, every: list[Any]) -> list[Any]:
+    return [c for c in every if any(t in c.name for t in args.check)] if args.check else every
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,8 +73,10 @@ def run(args: argparse.Namespace) -> int:
     import portable_verify as pv
     from portable_verify.testing.stats.negative_controls import controls_registered
 
-    if args.threads < 1:
-        print("portable-verify conformance: --threads must be >= 1", file=sys.stderr)
+    try:
+        check(args)  # again, for callers that skip cli.main (this module's own main)
+    except checks.UsageError as exc:
+        checks.say_error("portable-verify conformance", str(exc))
         return 2
     previous = torch.get_num_threads()
     torch.set_num_threads(args.threads)
@@ -70,18 +94,14 @@ def _run(args: argparse.Namespace, backends: list[str]) -> int:
     from portable_verify.testing import kit, report
 
     for name in backends:
-        try:
-            pv.get_backend(name)
-        except (ValueError, RuntimeError) as exc:
-            print(f"portable-verify conformance: {exc}", file=sys.stderr)
-            return 2
-    wanted = kit.all_checks()
-    if args.check:
-        wanted = [c for c in wanted if any(t in c.name for t in args.check)]
-        if not wanted:
-            print(f"portable-verify conformance: no check matches {args.check}", file=sys.stderr)
-            return 2
-    rows = report.run_checks(backends, args.quick, checks=wanted, progress=_progress)
+        pv.get_backend(name)  # checked already: raises only for a backend that broke since
+    wanted = _wanted(args, kit.all_checks())
+    with Progress("conformance", total=len(backends) * len(wanted),
+                  quiet=args.quiet) as progress:
+        rows = report.run_checks(
+            backends, args.quick, checks=wanted,
+            progress=lambda row: progress.advance(
+                f"{row.status} {row.backend} {row.result.name} ({row.seconds:.1f} s)"))
     if to_stdout(args):  # the JSON owns standard output; the table goes to stderr
         from rich.console import Console
 
@@ -93,11 +113,16 @@ def _run(args: argparse.Namespace, backends: list[str]) -> int:
             {"backend": r.backend, "check": r.result.name, "status": r.status,
              "seconds": r.seconds, "evidence": report.evidence(r.result),
              "stats": r.result.stats} for r in rows]})
+    verdict("conformance", _verdict_text(rows, backends), to_stderr=to_stdout(args))
     return 1 if report.failures(rows) else 0
 
 
-def _progress(row: Any) -> None:
-    print(f"  {row.status} {row.backend} {row.result.name} ({row.seconds:.1f} s)", file=sys.stderr)
+def _verdict_text(rows: list[Any], backends: list[str]) -> str:
+    """``312 of 312 checks passed, 0 failed, 14 skipped (numba:cpu, torch:cpu)``."""
+    counts = {s: sum(r.status == s for r in rows) for s in ("PASS", "FAIL", "SKIP")}
+    ran = counts["PASS"] + counts["FAIL"]
+    return (f"{counts['PASS']} of {ran} checks passed, {counts['FAIL']} failed, "
+            f"{counts['SKIP']} skipped ({', '.join(backends)})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -105,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="portable-verify")
     add_parser(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(["conformance", *(sys.argv[1:] if argv is None else argv)])
-    return int(args.func(args))
+    return int(args.func(args))  # run() checks its arguments itself, returning 2
 
 
 if __name__ == "__main__":

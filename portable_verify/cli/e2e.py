@@ -9,10 +9,11 @@ exits with status 1.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
+from portable_verify.cli import checks
 from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
+from portable_verify.cli.progress import Progress, add_quiet_option, verdict
 from portable_verify.e2e.config import PRESETS, PROMPT_SETS, PROMPTS, QUICK, RUNTIMES, E2EConfig
 
 _FLAG_OF = {"ks": "--k", "method": "--method", "batch": "--batch",
@@ -79,7 +80,36 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--quick", action="store_true",
                    help="k=2, 24 tokens, 2 prompts, 1 round (flags given still win)")
     add_json_option(p, "every figure and the run's context")
-    p.set_defaults(func=run)
+    add_quiet_option(p)
+    checks.register(p, run, check)
+
+
+_FIELD_FLAGS = {"temperature": "--temperature", "batch": "--batch", "threads": "--threads",
+                "num_prompts": "--prompts", "max_new_tokens": "--max-new-tokens",
+                "rounds": "--rounds", "ks": "--k", "clock": "--clock", "runtime": "--runtime",
+                "prompt_set": "--prompt-set", "preset": "--preset"}
+
+
+def check(args: argparse.Namespace) -> None:
+    """Numbers, their combinations and the JSON path, judged before a model loads."""
+    checks.finite("--temperature", args.temperature, low=0.0)
+    limit = len(PROMPT_SETS[args.prompt_set])
+    checks.at_most("--batch", args.batch, limit,
+                   f" (the prompts of --prompt-set {args.prompt_set})")
+    checks.writable_file("--json", args.json, stdout_ok=True)
+    try:
+        config_from_args(args)
+    except ValueError as exc:
+        raise checks.UsageError(_flag_of(str(exc)), str(exc)) from None
+
+
+def _flag_of(message: str) -> str:
+    """The option a configuration error is about (its first ``--flag``, else its field)."""
+    words = message.replace(",", " ").replace(":", " ").split()
+    flag = next((w for w in words if w.startswith("--")), None)
+    if flag is None:
+        flag = next((_FIELD_FLAGS[w] for w in words if w in _FIELD_FLAGS), "e2e")
+    return flag
 
 
 def _describe(sets: dict[str, Any]) -> str:
@@ -238,36 +268,6 @@ def _split(r: dict[str, Any]) -> str:
                     for i, x in enumerate(parts))
 
 
-class _ProgressLines:
-    """Progress on stderr: a live bar on a terminal, else one plain line per event (so a long
-    run redirected to a file still shows it is alive)."""
-
-    def __init__(self, console: Any) -> None:
-        self.console = console
-        self.bar: Any = None
-        self.task: Any = None
-
-    def __enter__(self) -> _ProgressLines:
-        if self.console.is_terminal:
-            from rich.progress import Progress, SpinnerColumn, TimeElapsedColumn
-
-            self.bar = Progress(SpinnerColumn(), "{task.description}", TimeElapsedColumn(),
-                                console=self.console, transient=True)
-            self.bar.__enter__()
-            self.task = self.bar.add_task("starting", total=None)
-        return self
-
-    def __call__(self, line: str) -> None:
-        if self.bar is not None:
-            self.bar.update(self.task, description=line)
-        else:
-            print(f"e2e: {line}", file=sys.stderr, flush=True)
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -282,8 +282,8 @@ def run(args: argparse.Namespace) -> int:
     for note in notes:
         err.print(f"e2e: {note}")
     try:
-        with _ProgressLines(err) as progress:
-            data = run_e2e(cfg, progress, getattr(args, "argv", None))
+        with Progress("e2e", quiet=args.quiet) as progress:
+            data = run_e2e(cfg, progress.say, getattr(args, "argv", None))
     except (FileNotFoundError, OSError, ValueError) as exc:
         err.print(f"[red]portable-verify e2e: error:[/] {exc}")
         return 2
@@ -297,4 +297,18 @@ def run(args: argparse.Namespace) -> int:
     problems = mismatches(data)
     for line in problems:
         err.print(f"[bold red]GREEDY MISMATCH[/] {line}")
+    verdict("e2e", _verdict_text(data, problems), to_stderr=to_stdout(args))
     return 1 if problems else 0
+
+
+def _verdict_text(data: dict[str, Any], problems: list[str]) -> str:
+    """Best speed-up over target-only decoding, and whether greedy output held."""
+    spec = [r for r in data["results"] if r["k"] and r.get("speedup_vs_target_only")]
+    best = max(spec, key=lambda r: r["speedup_vs_target_only"], default=None)
+    speed = (f"best {best['name']} at {best['speedup_vs_target_only']:.2f}x target-only "
+             "tokens/s" if best else "no speculative configuration timed")
+    if problems:
+        return f"{speed}; GREEDY MISMATCH in {len(problems)} configuration(s)"
+    held = "greedy output equal to target-only" if data["equality_checked"] else \
+        "greedy equality not checked (not float32 greedy)"
+    return f"{speed}; {held} ({data['context']['runtime']} runtime)"

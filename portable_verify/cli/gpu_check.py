@@ -12,7 +12,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from portable_verify.cli.jsonout import add_json_option, write_json
+from portable_verify.cli import checks
+from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
+from portable_verify.cli.progress import Progress, add_quiet_option, verdict
 
 
 def add_parser(subparsers: Any) -> None:
@@ -34,7 +36,17 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--tests", default="tests", metavar="DIR",
                    help="the repository's tests folder (default ./tests)")
     add_json_option(p, "the whole check")
-    p.set_defaults(func=run)
+    add_quiet_option(p)
+    checks.register(p, run, check)
+
+
+def check(args: argparse.Namespace) -> None:
+    """The budget and the output paths, judged before any section runs."""
+    checks.finite("--budget", args.budget)
+    if not args.budget > 0:
+        raise checks.UsageError("--budget", f"must be > 0 seconds, got {args.budget}")
+    checks.writable_dir("--out", args.out)
+    checks.writable_file("--json", args.json, stdout_ok=True)
 
 
 def _say(line: str) -> None:
@@ -48,15 +60,22 @@ def run(args: argparse.Namespace) -> int:
     if not ok:
         print(f"portable-verify gpu-check: {why}", file=sys.stderr)
         return 2
-    if args.budget <= 0:
-        print(f"portable-verify gpu-check: --budget must be > 0, got {args.budget}",
-              file=sys.stderr)
+    try:
+        check(args)  # again, for callers that skip cli.main
+    except checks.UsageError as exc:
+        checks.say_error("portable-verify gpu-check", str(exc))
         return 2
-    _say(f"gpu-check on {why}, results in {args.out}")
-    check = GpuCheck(out=Path(args.out).resolve(), budget_s=args.budget, dry_run=args.dry_run)
-    data = run_gpu_check(check, _say, Path(args.tests))
+    gpu = GpuCheck(out=Path(args.out).resolve(), budget_s=args.budget, dry_run=args.dry_run)
+    with Progress("gpu-check", quiet=args.quiet) as progress:
+        progress.say(f"on {why}, results in {args.out}")
+        data = run_gpu_check(gpu, progress.say, Path(args.tests))
     if args.json:
         write_json(args.json, data)
     _say("verdict: " + json.dumps(data["verdict"]))
     _say(f"sections ok: {json.dumps(data['summary'])} in {data['total_seconds']} s")
+    ok = sum(data["summary"].values())
+    failed = [name for name, passed in data["summary"].items() if not passed]
+    verdict("gpu-check", f"{ok} of {len(data['summary'])} sections ok"
+            + (f", failed: {', '.join(failed)}" if failed else "")
+            + f" ({data['total_seconds']} s, {why})", to_stderr=to_stdout(args))
     return 0 if all(data["summary"].values()) else 1

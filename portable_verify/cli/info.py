@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from portable_verify.cli import checks
 from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
 
 
@@ -13,7 +14,11 @@ def add_parser(subparsers: Any) -> None:
     p = subparsers.add_parser("info", help="show devices, backends, library versions and "
                               "whether the numba kernel cache is warm")
     add_json_option(p, "everything shown ('-' prints it instead of the tables)")
-    p.set_defaults(func=run)
+    checks.register(p, run, check)
+
+
+def check(args: argparse.Namespace) -> None:
+    checks.writable_file("--json", args.json, stdout_ok=True)
 
 
 def collect() -> dict[str, Any]:

@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from collections.abc import Callable
 from typing import Any
 
-from portable_verify.cli.jsonout import add_json_option, json_only, write_json
+from portable_verify.cli import checks
+from portable_verify.cli.jsonout import add_json_option, json_only, to_stdout, write_json
+from portable_verify.cli.progress import Progress, add_quiet_option, verdict
 
 _VERIFIERS = {"plugin": "sampler", "vllm": "fix", "vllm-unrepaired": "off"}
 
@@ -52,7 +55,26 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--threads", type=int, default=1,
                    help="torch (and numba) threads for --seam (default 1)")
     add_json_option(p, "every figure and the run's context")
-    p.set_defaults(func=run)
+    add_quiet_option(p)
+    checks.register(p, run, check)
+
+
+METHODS = ("ngram", "draft")
+
+
+def check(args: argparse.Namespace) -> None:
+    """Counts, the temperature, the methods and the JSON path, before any engine starts."""
+    for flag, value in (("--max-tokens", args.max_tokens), ("--repeats", args.repeats),
+                        ("--batches", args.batches), ("--draft-layers", args.draft_layers),
+                        ("--threads", args.threads)):
+        checks.at_least(flag, value, 1)
+    checks.finite("--temperature", args.temperature, low=0.0)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown or not methods:
+        raise checks.UsageError("--methods", f"unknown {unknown or args.methods!r}; choose "
+                                f"from {', '.join(METHODS)} (comma-separated)")
+    checks.writable_file("--json", args.json, stdout_ok=True)
 
 
 def _spread(values: list[float]) -> dict[str, Any]:
@@ -146,16 +168,16 @@ def decision_cost(b: int = 8, k: int = 3, v: int = 49152, reps: int = 30) -> dic
     return out
 
 
-def measure(args: argparse.Namespace) -> dict[str, Any]:
-    """Run every engine ``args.repeats`` times in alternating order; return plain data."""
+def measure(args: argparse.Namespace,
+            say: Callable[[str], None] = lambda line: None) -> dict[str, Any]:
+    """Run every engine ``args.repeats`` times in alternating order; return plain data
+    (``say`` hears each engine start as it ends)."""
     from vllm import SamplingParams
 
     from portable_verify.bench import environment
     from portable_verify.integrations import models
     from portable_verify.integrations.vllm_v1 import engine
 
-    if args.repeats < 1 or args.batches < 1:
-        raise SystemExit("--repeats and --batches must be >= 1")
     target = models.converted_default_dir()
     prompts = engine.DEFAULT_PROMPTS
     greedy = SamplingParams(temperature=0, max_tokens=args.max_tokens)
@@ -199,6 +221,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             start["decision"] = _decision(state)
             start["worker_state"] = state
             starts[name].append(start)
+            say(f"repeat {r + 1}/{len(order)}: {name}: greedy {start['greedy']:.1f}, sampled "
+                f"{start['sampled']:.1f} tokens/s")
 
     reference = starts["no speculation"][0]["greedy_ids"]
     runs: dict[str, Any] = {}
@@ -273,17 +297,18 @@ def run_seam(args: argparse.Namespace) -> int:
     """``--seam``: the engine-free decision benchmark; skips (exit 0) where vLLM is missing."""
     from portable_verify.bench import environment, vllm_seam
 
-    if args.threads < 1:
-        raise SystemExit("--threads must be >= 1")
     problem = vllm_seam.vllm_missing_reason()
     if problem:
         print(f"serve-check --seam skipped: {problem}")
         if args.json:
             write_json(args.json, {"skipped": problem})
         return 0
-    data = {"machine": environment.machine(), "cpu_flags": _cpu_flags(),
-            "versions": environment.library_versions(), **vllm_seam.measure(args.threads)}
+    with Progress("serve-check", quiet=args.quiet) as progress:
+        progress.say(f"timing the verification seam engine-free on {args.threads} thread(s)")
+        data = {"machine": environment.machine(), "cpu_flags": _cpu_flags(),
+                "versions": environment.library_versions(), **vllm_seam.measure(args.threads)}
     if json_only(args, data):
+        verdict("serve-check", _seam_verdict(data), to_stderr=True)
         return 0
     from rich.console import Console
 
@@ -306,7 +331,29 @@ def run_seam(args: argparse.Namespace) -> int:
                   f"{ms(t['plugin typical (sampled)'])} ms vs vLLM's all-greedy step "
                   f"{ms(t['vllm all greedy'])} ms: ratio {t['typical_over_vllm_greedy']:.2f} "
                   "(target <= 1)")
+    verdict("serve-check", _seam_verdict(data))
     return 0
+
+
+def _seam_verdict(data: dict[str, Any]) -> str:
+    """Cells timed, greedy equality, and the median vLLM / plugin ratio."""
+    cells = data["cells"]
+    ratios = [c["vllm_over_plugin"] for c in cells]
+    unequal = sum(c["greedy_identical"] is False for c in cells)
+    return (f"seam: {len(cells)} cells, vLLM / plugin median {statistics.median(ratios):.2f}x"
+            f" ({min(ratios):.2f}-{max(ratios):.2f}); greedy "
+            + ("equal wherever checked" if not unequal else f"DIFFERS in {unequal} cell(s)"))
+
+
+def _engine_verdict(data: dict[str, Any]) -> str:
+    """Greedy identity across engines and the plugin / vLLM sampled tokens/s ratios."""
+    runs = data["runs"]
+    differ = [name for name, r in runs.items() if not r["greedy_identical"]]
+    pairs = ", ".join(f"{name} {p['sampled']['median']:.2f}x sampled"
+                      for name, p in data["pairs"].items())
+    held = ("greedy identical to no speculation in every engine" if not differ
+            else f"greedy DIFFERS in {', '.join(differ)}")
+    return f"{len(runs)} engines x {data['repeats']} repeats; {held}; {pairs or 'no pairs'}"
 
 
 def run(args: argparse.Namespace) -> int:
@@ -317,8 +364,10 @@ def run(args: argparse.Namespace) -> int:
     problem = vllm_missing_reason()
     if problem:
         raise SystemExit(f"serve-check needs vLLM: {problem}")
-    data = measure(args)
+    with Progress("serve-check", quiet=args.quiet) as progress:
+        data = measure(args, progress.say)
     if json_only(args, data):
+        verdict("serve-check", _engine_verdict(data), to_stderr=to_stdout(args))
         return 0
     from rich.console import Console
 
@@ -362,4 +411,5 @@ def run(args: argparse.Namespace) -> int:
                       f"{c['plugin']['median_ms']:.2f} ms, vLLM {c['vllm']['median_ms']:.2f} ms "
                       f"(ratio {c['ratio_plugin_to_vllm']:.2f}; first calls "
                       f"{c['plugin']['first_call_ms']:.0f} / {c['vllm']['first_call_ms']:.0f} ms)")
+    verdict("serve-check", _engine_verdict(data))
     return 0
