@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from portable_verify.backends.base import Availability, Backend, BackendTraits
-from portable_verify.backends.numpy.chain import verify_reference
-from portable_verify.backends.numpy.tree import verify_tree_reference
+from portable_verify.backends.numpy.chain import CHAIN_RULES, verify_reference
+from portable_verify.backends.numpy.tree import TREE_RULES, verify_tree_reference
 from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyInputs
@@ -21,8 +21,7 @@ class NumpyReferenceBackend(Backend):
     # A Python loop per request: full conformance sizes would mostly compare it with itself.
     traits = BackendTraits(is_reference=True, full_conformance_sizes=False,
                            layouts=(methods.CHAIN, methods.TREE),
-                           chain_rules=("rejection", "typical", "block"),
-                           tree_rules=("rejection", "typical"))
+                           chain_rules=CHAIN_RULES, tree_rules=TREE_RULES)
 
     def availability(self) -> Availability:
         return Availability(True, "numpy is a core dependency")

@@ -198,3 +198,7 @@ def verify_reference(inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
         tokens[i, : len(emitted)] = emitted
         accepted[i] = len(emitted) - 1
     return tokens, accepted
+
+
+CHAIN_RULES = ("rejection", "typical", "block")
+"""The sampled rules :func:`verify_one` implements (its switch; the backend's traits read it)."""

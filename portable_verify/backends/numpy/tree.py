@@ -131,3 +131,7 @@ def verify_tree_reference(inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, n
         nodes[i, : len(path)] = path
         accepted[i] = len(path)
     return tokens, nodes, accepted
+
+
+TREE_RULES = ("rejection", "typical")
+"""The sampled rules the tree walk implements (its switch; the backend's traits read it)."""
