@@ -33,8 +33,9 @@ LAYERS: dict[str, int] = {
 }
 
 BACKEND_FAMILIES = ("numpy", "torch", "numba", "triton", "openvino")
-"""The backend families: one package each under ``backends/``; a family's modules may import
-each other and ``backends.base``, never another family's."""
+"""The backend families today: one package each under ``backends/``; a family's modules may
+import each other and ``backends.base``, never another family's (any package under
+``backends/`` is a family: a new one needs no edit here)."""
 
 
 def _module_name(path: Path) -> str:
@@ -81,10 +82,17 @@ def test_imports_only_look_down(module: str) -> None:
     assert not upward, f"{module} (layer {_layer(module)}) imports upward: {upward}"
 
 
+def test_every_backend_module_lives_in_a_family() -> None:
+    """``backends/`` holds the protocol and the family packages, nothing else."""
+    loose = [m for m in MODULES if m.startswith(f"{PACKAGE}.backends.")
+             and len(m.split(".")) == 3 and m.split(".")[2] not in (*BACKEND_FAMILIES, "base")]
+    assert not loose, f"backend modules outside a family package: {loose}"
+
+
 def test_backends_do_not_import_one_another() -> None:
     def family(module: str) -> str | None:
         parts = module.split(".")
-        return parts[2] if len(parts) > 3 and parts[2] in BACKEND_FAMILIES else None
+        return parts[2] if len(parts) > 3 else None
 
     for module, imported in GRAPH.items():
         if not module.startswith(f"{PACKAGE}.backends.") or family(module) is None:
