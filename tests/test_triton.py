@@ -222,28 +222,22 @@ def test_gpu_without_triton_falls_back_to_torch_and_says_so_once(
     assert len(warnings) == 1
 
 
-_INT64_POINTERS = {"rows_ptr", "counts_ptr", "drafts_ptr", "qrows_ptr", "tokens_ptr",
-                   "accepted_ptr"}
+_GROUP_TYPES = {  # each grouped argument's element types, as verify_triton's _records builds it
+    "target": ("*{dtype}", "i32", "*i64"),
+    "draft": ("*i64", "*{dtype}", "i32", "*i64"),
+    "request": ("*i64", "*fp32", "*fp32"),
+    "stats": ("*i32", "*fp32", "*fp32", "*fp32"),
+    "out": ("*i64", "*i64"),
+    "scalars": ("i32", "i32", "i32", "i32", "fp32", "fp32"),
+}
 
 
-def _signature(kernel, target_dtype: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Triton argument types as ``verify_triton`` passes them (scalars i32 except the floats)."""
-    sig = {}
-    for param in kernel.params:
-        name = param.name
-        if param.is_constexpr:
-            sig[name] = "constexpr"
-        elif name in _INT64_POINTERS:
-            sig[name] = "*i64"
-        elif name == "argmax_ptr":
-            sig[name] = "*i32"
-        elif name in ("target_ptr", "q_ptr"):
-            sig[name] = f"*{target_dtype}"
-        elif name.endswith("_ptr"):
-            sig[name] = "*fp32"
-        else:
-            sig[name] = "fp32" if name in ("eps", "alpha") else "i32"
-    return sig
+def _signature(kernel, target_dtype: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Triton argument types as ``verify_triton`` passes them: a tuple of element types per
+    grouped argument (scalars i32 except the floats)."""
+    return {param.name: "constexpr" if param.is_constexpr else
+            tuple(t.format(dtype=target_dtype) for t in _GROUP_TYPES[param.name])
+            for param in kernel.params}
 
 
 _COMPILE_CASES = [
@@ -255,6 +249,9 @@ _COMPILE_CASES = [
     ("cuda", 80, 32, "_decide_kernel", "fp16",
      dict(IS_LOGITS=False, HAS_Q=False, HAS_U=True, HAS_GREEDY=True, TYPICAL=True, BLOCK=2048,
           KB=2)),
+    ("cuda", 90, 32, "_decide_kernel", "bf16",
+     dict(IS_LOGITS=True, HAS_Q=False, HAS_U=True, HAS_GREEDY=False, TYPICAL=False,
+          BLOCK_VERIFY=True, BLOCK=2048, KB=8)),
     ("hip", "gfx942", 64, "_decide_kernel", "fp32",
      dict(IS_LOGITS=True, HAS_Q=False, HAS_U=False, HAS_GREEDY=True, TYPICAL=False, BLOCK=2048,
           KB=4)),
