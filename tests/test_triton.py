@@ -2,7 +2,8 @@
 reference, and the GPU backends explain themselves on a machine without a GPU.
 
 The kernels are the ones ``triton:cuda``/``triton:xpu`` launch; ``portable-verify gpu-check``
-runs the same cases on a real GPU. Shapes stay small: the interpreter costs ~0.1-0.5 s per call.
+runs the same cases on a real GPU. Shapes stay small: the interpreter is slow (docs/benchmarks.md,
+"Triton through its interpreter").
 """
 
 from __future__ import annotations
@@ -186,6 +187,48 @@ def test_gpu_backends_explain_why_they_cannot_run_here() -> None:
         assert not status["triton:xpu"].available
         assert "torch.xpu.is_available() is False" in status["triton:xpu"].reason
         assert "intel-extension-for-pytorch" in status["triton:xpu"].reason
+
+
+def test_no_kernel_or_device_function_takes_more_than_14_parameters() -> None:
+    """Per-call values reach the kernels as grouped arguments (one record per call), so no
+    ``@triton.jit`` function of the family grows a long flat parameter list again."""
+    from triton.runtime.jit import JITFunction
+
+    from portable_verify.backends.triton import chain, tree
+
+    counts = {f"{module.__name__}.{name}": len(value.params)
+              for module in (chain, tree) for name, value in vars(module).items()
+              if isinstance(value, JITFunction)}
+    assert {"portable_verify.backends.triton.chain._decide_kernel",
+            "portable_verify.backends.triton.tree._tree_kernel"} <= counts.keys()
+    assert len(counts) >= 20, counts  # every device function is seen, not only the kernels
+    assert max(counts.values()) <= 14, {k: n for k, n in counts.items() if n > 14}
+
+
+@pytest.mark.parametrize(("version", "runs"), [("3.2.0", False), ("2.3.1", False),
+                                               ("3.3.0", True), ("3.9.0+git1a2b", True),
+                                               ("4.0.0", True)])
+def test_a_triton_without_tuple_arguments_is_refused_by_name(version: str, runs: bool) -> None:
+    """The kernels take tuple arguments: an older Triton is reported unavailable, with its
+    version in the reason, so dispatch falls back to torch instead of failing at launch."""
+    from portable_verify.backends.triton.backend import triton_too_old
+
+    reason = triton_too_old(version)
+    assert (reason is None) == runs
+    if not runs:
+        assert version in reason and "3.3" in reason
+
+
+def test_the_interpreter_is_unavailable_on_an_old_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    from portable_verify.backends.triton import backend as triton_backend
+
+    monkeypatch.setattr(triton, "__version__", "3.2.0")
+    triton_backend._interpreter_availability.cache_clear()
+    try:
+        status = triton_backend._interpreter_availability()
+    finally:
+        triton_backend._interpreter_availability.cache_clear()
+    assert not status.available and "Triton 3.2.0 is older than 3.3" in status.reason
 
 
 def test_interpreter_refuses_gpu_tensors_clearly() -> None:

@@ -2,7 +2,7 @@
 (which run it on random small-V trees): rows longer than one chunk, edge rules, degenerate
 shapes, compilation for real GPUs, and a small law check with a negative control.
 
-The kernel runs in Triton's interpreter on CPU tensors (~0.1 s per request: sizes stay small);
+The kernel runs in Triton's interpreter on CPU tensors (slow: sizes stay small);
 ``portable-verify gpu-check`` runs this file on CUDA (``PORTABLE_VERIFY_TEST_DEVICE=cuda``).
 """
 
@@ -169,17 +169,17 @@ LAW_ALPHA = 1e-3
 @pytest.mark.parametrize("mode", ["deterministic", "without_replacement"])
 def test_tree_law_with_a_negative_control(mode: str) -> None:
     """The kernel's sequences follow the target's law (the ``stat.tree_law`` scenario: V = 4,
-    depth 3, N = 22, completed to 4 tokens), at a size the interpreter affords (~0.05-0.2 s per
-    request): 300 trials (deterministic) and 150 (without replacement) on CPU, 6,000 on a
-    GPU; ``alpha = 1e-3`` per fit (fixed seeds: a correct
-    kernel fails with probability <= 1e-3 over the seeds, and never flakes). Negative control,
-    on the kernel itself: one uniform shared by the siblings of a level (deterministic mode)
-    must be rejected; estimated power at 300 trials 0.97 (``estimated_power`` on the reference,
-    docs/testing.md). The without-replacement fit's estimated power against removing the token
-    before the subtraction is 1.00 at 150 trials (that control is a reference-side backend).
-    The subtler controls (iid rule on draws without replacement, an un-renormalised residual)
-    are invisible at these sizes (power ~0.001-0.09): they are left to ``stat.tree_law`` at
-    6,000 trials on a GPU (``portable-verify gpu-check``) and to the bit-for-bit
+    depth 3, N = 22, completed to 4 tokens), at a size the interpreter affords: 300 trials
+    (deterministic) and 150 (without replacement) on CPU, 6,000 on a GPU; ``alpha = 1e-3`` per
+    fit (fixed seeds: a correct kernel fails with probability <= 1e-3 over the seeds, and never
+    flakes). Negative control, on the kernel itself: one uniform shared by the siblings of a
+    level (deterministic mode) must be rejected; estimated power at 300 trials 0.97
+    (``estimated_power`` on the reference, docs/testing.md). The without-replacement fit's
+    estimated power against removing the token before the subtraction is 1.00 at 150 trials
+    (that control is a reference-side backend). The subtler controls (iid rule on draws
+    without replacement, an un-renormalised residual) are invisible at these sizes (power
+    ~0.001-0.09): they are left to ``stat.tree_law`` at 6,000 trials on a GPU
+    (``portable-verify gpu-check``) and to the bit-for-bit
     ``tree.exact`` comparison with the reference."""
     from portable_verify.testing.checks import tree_law
     from portable_verify.testing.stats.tree_laws import make_scenario, shared_sibling_uniforms

@@ -334,6 +334,36 @@ def _final_draw(base, draft, request, scalars, b, a, rejected, scale, t_safe, m_
     return tl.where(pick >= 0, pick, last_pos)
 
 
+@_device
+def _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale, t_safe,
+                   IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, TYPICAL: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """A sampled row's token after its accepted prefix ``a``: typical's recovered token (the
+    argmax of ``p_a``) at a rejection, else the one inverse-CDF draw (:func:`_final_draw`)."""
+    target_ptr, target_stride, rows_ptr = target
+    _argmax_ptr, max_ptr, sum_ptr, _ent_ptr = stats
+    V, K, R, _RQ, _eps, _alpha = scalars
+    stat_a = b * (K + 1) + a
+    base = target_ptr + _clamped(tl.load(rows_ptr + stat_a), R) * target_stride
+    if IS_LOGITS:
+        m_a = tl.load(max_ptr + stat_a)
+        s_a = tl.load(sum_ptr + stat_a)
+    else:
+        m_a = 0.0
+        s_a = 1.0
+    final = a * 0
+    do_draw = rejected == 0
+    if not TYPICAL:
+        do_draw = rejected == rejected
+    if TYPICAL:  # noqa: SIM102 - a constexpr test around a run-time one
+        if rejected:  # recovered token: argmax of p_a, lowest index on ties
+            final = _row_argmax(base, t_safe, m_a, s_a, V, IS_LOGITS, BLOCK).to(final.dtype)
+    if do_draw:
+        final = _final_draw(base, draft, request, scalars, b, a, rejected, scale, t_safe,
+                            m_a, s_a, IS_LOGITS, HAS_Q, BLOCK).to(final.dtype)
+    return final
+
+
 @_kernel
 def _decide_kernel(
     target, draft, request, stats, out, scalars,
@@ -408,24 +438,8 @@ def _decide_kernel(
     if HAS_GREEDY:
         final = tl.load(argmax_ptr + stat_a, mask=greedy, other=0).to(final.dtype)
     if greedy == 0:
-        row_a = _clamped(tl.load(rows_ptr + b * K1 + a), R)
-        base = target_ptr + row_a * target_stride
-        if IS_LOGITS:
-            m_a = tl.load(max_ptr + stat_a)
-            s_a = tl.load(sum_ptr + stat_a)
-        else:
-            m_a = 0.0
-            s_a = 1.0
-        do_draw = rejected == 0
-        if not TYPICAL:
-            do_draw = rejected == rejected
-        if TYPICAL:  # noqa: SIM102 - a constexpr test around a run-time one
-            if rejected:  # recovered token: argmax of p_a, lowest index on ties
-                final = _row_argmax(base, t_safe, m_a, s_a, V, IS_LOGITS,
-                                    BLOCK).to(final.dtype)
-        if do_draw:
-            final = _final_draw(base, draft, request, scalars, b, a, rejected, scale, t_safe,
-                                m_a, s_a, IS_LOGITS, HAS_Q, BLOCK).to(final.dtype)
+        final = _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale,
+                               t_safe, IS_LOGITS, HAS_Q, TYPICAL, BLOCK).to(final.dtype)
 
     final = tl.minimum(tl.maximum(final, 0), V - 1)
     d = _clamped(tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0), V)

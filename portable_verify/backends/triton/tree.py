@@ -15,8 +15,8 @@ decides bit for bit as ``verify`` on this backend. Later siblings read ``r(x) = 
 the stored residual ``w`` and its sum ``S``: the reference's normalised residual up to rounding.
 
 Interpreter: like the chain kernels, this file is executed a second time with ``_INTERPRET``
-injected (``triton_interpreter.interpreted_copy``) and then imports the interpreted copy of
-the chain kernels.
+injected (:func:`portable_verify.backends.triton.interpreter.interpreted_copy`) and then
+imports the interpreted copy of the chain kernels.
 """
 
 from __future__ import annotations
