@@ -478,23 +478,25 @@ def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
         return tokens, accepted
     target, draft, request, stats, scalars = _records(inputs, interpreted_kernels)
     v = scalars[0]
-    typical = inputs.sampled_method == "typical" and not inputs.all_greedy
+    method = inputs.sampled_method  # the one place the launcher reads it
+    typical = method == "typical" and not inputs.all_greedy
+    block = method == "block" and not inputs.all_greedy
     has_greedy = not inputs.none_greedy
     need_softmax = inputs.target_is_logits and not inputs.all_greedy
-    if has_greedy or need_softmax or typical:
+    need_entropy = typical
+    if has_greedy or need_softmax or need_entropy:
         cap = 1024 if interpreted_kernels else 4096
         mod._row_stats_kernel[(b, k + 1)](
             target, request, stats, scalars,
             IS_LOGITS=inputs.target_is_logits, NEED_ARGMAX=has_greedy,
-            NEED_SOFTMAX=need_softmax, NEED_ENTROPY=typical, BLOCK=_block(v, cap),
+            NEED_SOFTMAX=need_softmax, NEED_ENTROPY=need_entropy, BLOCK=_block(v, cap),
             **({} if interpreted_kernels else {"num_warps": 8, **_COMPILE_OPTIONS}),
         )  # fmt: skip
     mod._decide_kernel[(b,)](
         target, draft, request, stats, (tokens, accepted), scalars,
         IS_LOGITS=inputs.target_is_logits, HAS_Q=inputs.draft_probs is not None,
         HAS_U=inputs.uniforms is not None, HAS_GREEDY=has_greedy, TYPICAL=typical,
-        BLOCK_VERIFY=inputs.sampled_method == "block" and not inputs.all_greedy,
-        BLOCK=_block(v, 1024 if interpreted_kernels else 2048),
+        BLOCK_VERIFY=block, BLOCK=_block(v, 1024 if interpreted_kernels else 2048),
         KB=max(2, triton.next_power_of_2(k + 1)),
         **({} if interpreted_kernels else {"num_warps": 4, **_COMPILE_OPTIONS}),
     )  # fmt: skip

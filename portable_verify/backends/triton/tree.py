@@ -364,9 +364,11 @@ def verify_tree_triton(inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, 
     accepted = torch.empty((b,), dtype=torch.int64, device=device)
     if b == 0:
         return tokens, nodes, accepted
-    rows, request, scratch, scalars = _records(inputs, interpreted)
+    sampled = not inputs.all_greedy
+    typical = sampled and inputs.sampled_method == "typical"
+    exact = sampled and not typical
+    rows, request, scratch, scalars = _records(inputs, interpreted, exact)
     v = scalars[0]
-    typical = not inputs.all_greedy and inputs.sampled_method == "typical"
     mod._tree_kernel[(b,)](
         rows, request, scratch, (tokens, nodes, accepted), scalars,
         IS_LOGITS=inputs.target_is_logits, HAS_U=inputs.uniforms is not None,
@@ -381,10 +383,11 @@ def verify_tree_triton(inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, 
     return tokens, nodes, accepted
 
 
-def _records(inputs: TreeInputs, interpreted: bool) -> tuple[tuple[Any, ...], ...]:
+def _records(inputs: TreeInputs, interpreted: bool,
+             exact: bool) -> tuple[tuple[Any, ...], ...]:
     """The tree kernel's grouped arguments, built here once: ``rows`` (target rows and stride,
     draft rows and stride), ``request`` (node ids, parents, counts, temperatures, uniforms),
-    ``scratch`` (the exact rule's residual rows and the without-replacement draft row) and the
+    ``scratch`` (the ``exact`` rule's residual rows and the without-replacement draft row) and the
     per-call ``scalars`` record ``(V, N, W, eps, alpha)``. A tensor the call does not use is
     stood in for by one that is never read, so every group keeps its shape."""
     b, n, width = inputs.batch_size, inputs.num_slots, inputs.width
@@ -394,7 +397,6 @@ def _records(inputs: TreeInputs, interpreted: bool) -> tuple[tuple[Any, ...], ..
     q = (target if inputs.draft_probs is None
          else _chain._rows_contiguous(inputs.draft_probs, interpreted))
     temps = inputs.temperature.to(torch.float32).contiguous()
-    exact = not inputs.all_greedy and inputs.sampled_method != "typical"
     wr = exact and inputs.children == "without_replacement"
     scratch = torch.empty((b * 2 * v if exact else 1,), dtype=torch.float32, device=device)
     q_scratch = torch.empty((b * v if wr else 1,), dtype=torch.float32, device=device)
