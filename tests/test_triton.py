@@ -2,7 +2,8 @@
 reference, and the GPU backends explain themselves on a machine without a GPU.
 
 The kernels are the ones ``triton:cuda``/``triton:xpu`` launch; ``portable-verify gpu-check``
-runs the same cases on a real GPU. Shapes stay small: the interpreter costs ~0.1-0.5 s per call.
+runs the same cases on a real GPU. Shapes stay small: the interpreter is slow (docs/benchmarks.md,
+"Triton through its interpreter").
 """
 
 from __future__ import annotations
@@ -188,6 +189,48 @@ def test_gpu_backends_explain_why_they_cannot_run_here() -> None:
         assert "intel-extension-for-pytorch" in status["triton:xpu"].reason
 
 
+def test_no_kernel_or_device_function_takes_more_than_14_parameters() -> None:
+    """Per-call values reach the kernels as grouped arguments (one record per call), so no
+    ``@triton.jit`` function of the family grows a long flat parameter list again."""
+    from triton.runtime.jit import JITFunction
+
+    from portable_verify.backends.triton import chain, tree
+
+    counts = {f"{module.__name__}.{name}": len(value.params)
+              for module in (chain, tree) for name, value in vars(module).items()
+              if isinstance(value, JITFunction)}
+    assert {"portable_verify.backends.triton.chain._decide_kernel",
+            "portable_verify.backends.triton.tree._tree_kernel"} <= counts.keys()
+    assert len(counts) >= 20, counts  # every device function is seen, not only the kernels
+    assert max(counts.values()) <= 14, {k: n for k, n in counts.items() if n > 14}
+
+
+@pytest.mark.parametrize(("version", "runs"), [("3.2.0", False), ("2.3.1", False),
+                                               ("3.3.0", True), ("3.9.0+git1a2b", True),
+                                               ("4.0.0", True)])
+def test_a_triton_without_tuple_arguments_is_refused_by_name(version: str, runs: bool) -> None:
+    """The kernels take tuple arguments: an older Triton is reported unavailable, with its
+    version in the reason, so dispatch falls back to torch instead of failing at launch."""
+    from portable_verify.backends.triton.backend import triton_too_old
+
+    reason = triton_too_old(version)
+    assert (reason is None) == runs
+    if not runs:
+        assert version in reason and "3.3" in reason
+
+
+def test_the_interpreter_is_unavailable_on_an_old_triton(monkeypatch: pytest.MonkeyPatch) -> None:
+    from portable_verify.backends.triton import backend as triton_backend
+
+    monkeypatch.setattr(triton, "__version__", "3.2.0")
+    triton_backend._interpreter_availability.cache_clear()
+    try:
+        status = triton_backend._interpreter_availability()
+    finally:
+        triton_backend._interpreter_availability.cache_clear()
+    assert not status.available and "Triton 3.2.0 is older than 3.3" in status.reason
+
+
 def test_interpreter_refuses_gpu_tensors_clearly() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA tensor")
@@ -222,28 +265,22 @@ def test_gpu_without_triton_falls_back_to_torch_and_says_so_once(
     assert len(warnings) == 1
 
 
-_INT64_POINTERS = {"rows_ptr", "counts_ptr", "drafts_ptr", "qrows_ptr", "tokens_ptr",
-                   "accepted_ptr"}
+_GROUP_TYPES = {  # each grouped argument's element types, as verify_triton's _records builds it
+    "target": ("*{dtype}", "i32", "*i64"),
+    "draft": ("*i64", "*{dtype}", "i32", "*i64"),
+    "request": ("*i64", "*fp32", "*fp32"),
+    "stats": ("*i32", "*fp32", "*fp32", "*fp32"),
+    "out": ("*i64", "*i64"),
+    "scalars": ("i32", "i32", "i32", "i32", "fp32", "fp32"),
+}
 
 
-def _signature(kernel, target_dtype: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Triton argument types as ``verify_triton`` passes them (scalars i32 except the floats)."""
-    sig = {}
-    for param in kernel.params:
-        name = param.name
-        if param.is_constexpr:
-            sig[name] = "constexpr"
-        elif name in _INT64_POINTERS:
-            sig[name] = "*i64"
-        elif name == "argmax_ptr":
-            sig[name] = "*i32"
-        elif name in ("target_ptr", "q_ptr"):
-            sig[name] = f"*{target_dtype}"
-        elif name.endswith("_ptr"):
-            sig[name] = "*fp32"
-        else:
-            sig[name] = "fp32" if name in ("eps", "alpha") else "i32"
-    return sig
+def _signature(kernel, target_dtype: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """Triton argument types as ``verify_triton`` passes them: a tuple of element types per
+    grouped argument (scalars i32 except the floats)."""
+    return {param.name: "constexpr" if param.is_constexpr else
+            tuple(t.format(dtype=target_dtype) for t in _GROUP_TYPES[param.name])
+            for param in kernel.params}
 
 
 _COMPILE_CASES = [
@@ -255,6 +292,9 @@ _COMPILE_CASES = [
     ("cuda", 80, 32, "_decide_kernel", "fp16",
      dict(IS_LOGITS=False, HAS_Q=False, HAS_U=True, HAS_GREEDY=True, TYPICAL=True, BLOCK=2048,
           KB=2)),
+    ("cuda", 90, 32, "_decide_kernel", "bf16",
+     dict(IS_LOGITS=True, HAS_Q=False, HAS_U=True, HAS_GREEDY=False, TYPICAL=False,
+          BLOCK_VERIFY=True, BLOCK=2048, KB=8)),
     ("hip", "gfx942", 64, "_decide_kernel", "fp32",
      dict(IS_LOGITS=True, HAS_Q=False, HAS_U=False, HAS_GREEDY=True, TYPICAL=False, BLOCK=2048,
           KB=4)),

@@ -2,7 +2,7 @@
 (which run it on random small-V trees): rows longer than one chunk, edge rules, degenerate
 shapes, compilation for real GPUs, and a small law check with a negative control.
 
-The kernel runs in Triton's interpreter on CPU tensors (~0.1 s per request: sizes stay small);
+The kernel runs in Triton's interpreter on CPU tensors (slow: sizes stay small);
 ``portable-verify gpu-check`` runs this file on CUDA (``PORTABLE_VERIFY_TEST_DEVICE=cuda``).
 """
 
@@ -127,8 +127,13 @@ _COMPILE_CASES = [
     ("hip", "gfx942", 64, dict(IS_LOGITS=True, HAS_U=True, HAS_GREEDY=True, TYPICAL=False,
                                CHILDREN=1, STATS_BLOCK=4096, BLOCK=2048, NB=32, WB=4), "fp16"),
 ]
-_POINTER_TYPES = {"target_ptr": "*{dtype}", "q_ptr": "*{dtype}", "temp_ptr": "*fp32",
-                  "u_ptr": "*fp32", "w_ptr": "*fp32", "qs_ptr": "*fp32"}
+_GROUP_TYPES = {  # each grouped argument's element types, as verify_tree_triton's _records
+    "rows": ("*{dtype}", "i32", "*{dtype}", "i32"),
+    "request": ("*i64", "*i64", "*i64", "*fp32", "*fp32"),
+    "scratch": ("*fp32", "*fp32"),
+    "out": ("*i64", "*i64", "*i64"),
+    "scalars": ("i32", "i32", "i32", "fp32", "fp32"),
+}
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the GPU run compiles for real")
@@ -146,15 +151,9 @@ def test_tree_kernel_compiles_for_gpus_without_a_gpu(case: tuple) -> None:
     if {"cuda": "nvidia", "hip": "amd"}[backend] not in backends:
         pytest.skip(f"this Triton build has no {backend} compiler")
     kernel = triton_tree._tree_kernel
-    signature = {}
-    for param in kernel.params:
-        name = param.name
-        if param.is_constexpr:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            signature[name] = _POINTER_TYPES.get(name, "*i64").format(dtype=dtype)
-        else:
-            signature[name] = "fp32" if name in ("eps", "alpha") else "i32"
+    signature = {param.name: "constexpr" if param.is_constexpr else
+                 tuple(t.format(dtype=dtype) for t in _GROUP_TYPES[param.name])
+                 for param in kernel.params}
     source = ASTSource(kernel, signature, constexprs=constexprs)
     compiled = triton.compile(source, target=GPUTarget(backend, arch, warp),
                               options={"num_warps": 8, "enable_fp_fusion": False})
@@ -170,17 +169,17 @@ LAW_ALPHA = 1e-3
 @pytest.mark.parametrize("mode", ["deterministic", "without_replacement"])
 def test_tree_law_with_a_negative_control(mode: str) -> None:
     """The kernel's sequences follow the target's law (the ``stat.tree_law`` scenario: V = 4,
-    depth 3, N = 22, completed to 4 tokens), at a size the interpreter affords (~0.05-0.2 s per
-    request): 300 trials (deterministic) and 150 (without replacement) on CPU, 6,000 on a
-    GPU; ``alpha = 1e-3`` per fit (fixed seeds: a correct
-    kernel fails with probability <= 1e-3 over the seeds, and never flakes). Negative control,
-    on the kernel itself: one uniform shared by the siblings of a level (deterministic mode)
-    must be rejected; estimated power at 300 trials 0.97 (``estimated_power`` on the reference,
-    docs/testing.md). The without-replacement fit's estimated power against removing the token
-    before the subtraction is 1.00 at 150 trials (that control is a reference-side backend).
-    The subtler controls (iid rule on draws without replacement, an un-renormalised residual)
-    are invisible at these sizes (power ~0.001-0.09): they are left to ``stat.tree_law`` at
-    6,000 trials on a GPU (``portable-verify gpu-check``) and to the bit-for-bit
+    depth 3, N = 22, completed to 4 tokens), at a size the interpreter affords: 300 trials
+    (deterministic) and 150 (without replacement) on CPU, 6,000 on a GPU; ``alpha = 1e-3`` per
+    fit (fixed seeds: a correct kernel fails with probability <= 1e-3 over the seeds, and never
+    flakes). Negative control, on the kernel itself: one uniform shared by the siblings of a
+    level (deterministic mode) must be rejected; estimated power at 300 trials 0.97
+    (``estimated_power`` on the reference, docs/testing.md). The without-replacement fit's
+    estimated power against removing the token before the subtraction is 1.00 at 150 trials
+    (that control is a reference-side backend). The subtler controls (iid rule on draws
+    without replacement, an un-renormalised residual) are invisible at these sizes (power
+    ~0.001-0.09): they are left to ``stat.tree_law`` at 6,000 trials on a GPU
+    (``portable-verify gpu-check``) and to the bit-for-bit
     ``tree.exact`` comparison with the reference."""
     from portable_verify.testing.checks import tree_law
     from portable_verify.testing.stats.tree_laws import make_scenario, shared_sibling_uniforms
@@ -194,3 +193,22 @@ def test_tree_law_with_a_negative_control(mode: str) -> None:
     control, _ = tree_law._fit("shared uniform", BACKEND, mode, LAW_TRIALS[mode], LAW_ALPHA,
                                tree_law.SEED + 10, uniforms=shared)
     assert not control.passed, control.line()
+
+
+@pytest.mark.parametrize(("parents", "path"), [
+    ([-1, 2**32, 1, 2], []),  # read as 32 bits: the root
+    ([-1, -(2**32), 1, 2], []),
+    ([-1, 0, 2**32 + 1, 2], [1]),  # read as 32 bits: node 1, the path would go on to 2 and 3
+])
+@pytest.mark.parametrize("method", ["greedy", "rejection"])
+def test_out_of_range_parent_is_absent_without_validation(parents: list[int], path: list[int],
+                                                           method: str) -> None:
+    """Unvalidated parents are read at 64 bits: a parent that only its low 32 bits would put
+    in range is absent, as on the numpy reference, so its node and the nodes below it are
+    unreachable. Every node's id is every row's argmax, so a reachable node is accepted."""
+    logits = torch.zeros(1, 4, 6)
+    logits[..., 3] = 5.0
+    got = _check(method, node_token_ids=torch.tensor([[0, 3, 3, 3]]),
+                 parents=torch.tensor([parents]), target_logits=logits, validate=False, seed=0)
+    assert got.node_ids.cpu().tolist() == [path + [-1] * (4 - len(path))]
+    assert got.num_accepted.cpu().tolist() == [len(path)]

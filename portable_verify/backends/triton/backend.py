@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import re
 from typing import Any
 
 import torch
@@ -35,6 +36,19 @@ IPEX_MODULE = "intel_extension_for_pytorch"
 TRITON_DRIVERS: dict[str, tuple[str, ...]] = {"cuda": ("cuda", "hip"), "xpu": ("xpu",)}
 
 INTERPRETER = "interpreter"
+
+MIN_TRITON = (3, 3)
+"""The kernels take grouped (tuple) arguments: Triton 3.3 is the first release whose compiler
+and interpreter both accept them (triton-lang/triton PRs 5220 and 5790)."""
+
+
+def triton_too_old(version: str) -> str | None:
+    """Why Triton ``version`` cannot run the kernels, or None when it can."""
+    parts = re.match(r"(\d+)\.(\d+)", version)
+    if parts is not None and (int(parts[1]), int(parts[2])) >= MIN_TRITON:
+        return None
+    return (f"Triton {version} is older than {'.'.join(map(str, MIN_TRITON))}, the first that "
+            "passes tuple arguments to kernels both compiled and interpreted")
 
 
 @functools.cache
@@ -71,6 +85,9 @@ def _gpu_availability(device_type: str) -> Availability:
         import triton
     except Exception as exc:  # ImportError, or a wheel that fails to load its library
         return Availability(False, f"Triton is not importable ({exc}){extra}")
+    too_old = triton_too_old(triton.__version__)
+    if too_old is not None:
+        return Availability(False, too_old + extra)
     try:
         target = triton.runtime.driver.active.get_current_target()
     except Exception as exc:
@@ -94,6 +111,9 @@ def _interpreter_availability() -> Availability:
     try:
         import triton
 
+        too_old = triton_too_old(triton.__version__)
+        if too_old is not None:
+            return Availability(False, too_old)
         from portable_verify.backends.triton import interpreter as triton_interpreter
 
         triton_interpreter.interpreted_kernels()

@@ -24,6 +24,7 @@ while this module's compiled kernels stay untouched.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 import triton
@@ -31,12 +32,13 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
 from portable_verify.backends.triton.interpreter import InterpretedDevice
+from portable_verify.core import constants
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
 
 _INTERPRET: bool = bool(globals().get("_INTERPRET", False))  # injected by the interpreter copy
 PLACEHOLDER = tl.constexpr(PLACEHOLDER_TOKEN_ID)
-FLOAT32_TINY = tl.constexpr(1.1754943508222875e-38)  # smallest normal float32, 2**-126
-FLOAT32_MAX = tl.constexpr(3.4028234663852886e38)
+FLOAT32_TINY = tl.constexpr(constants.FLOAT32_TINY)
+FLOAT32_MAX = tl.constexpr(constants.FLOAT32_MAX)
 _TL_CORE = tl.core  # in the globals so the interpreter patches it at launch (InterpretedDevice)
 
 
@@ -70,6 +72,13 @@ def _last_of_cumsum(w, BLOCK: tl.constexpr):
 def _safe_temperature(t):
     """``T`` clamped into the normal float32 range (as the reference); 1 for greedy/NaN rows."""
     return tl.where(t > 0, tl.minimum(tl.maximum(t, FLOAT32_TINY), FLOAT32_MAX), 1.0)
+
+
+@_device
+def _typical_threshold(entropy, eps, alpha):
+    """Typical acceptance's bar ``min(eps, alpha * exp(-H))`` (docs/semantics.md): the one
+    place the Triton family writes it (chain and tree kernels call it)."""
+    return tl.minimum(eps, alpha * tl.exp(-entropy))
 
 
 @_device
@@ -132,12 +141,16 @@ def _row_stats(base, t_safe, V, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.cons
 
 @_kernel
 def _row_stats_kernel(
-    target_ptr, target_stride, rows_ptr, counts_ptr, temp_ptr,
-    argmax_ptr, max_ptr, sum_ptr, ent_ptr,
-    V, K1, R,
+    target, request, stats, scalars,
     IS_LOGITS: tl.constexpr, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.constexpr,
     NEED_ENTROPY: tl.constexpr, BLOCK: tl.constexpr,
 ):  # fmt: skip
+    """Grid ``(B, K+1)``: one target row's statistics per (request, position)."""
+    target_ptr, target_stride, rows_ptr = target
+    counts_ptr, temp_ptr, _u_ptr = request
+    argmax_ptr, max_ptr, sum_ptr, ent_ptr = stats
+    V, K, R, _RQ, _eps, _alpha = scalars
+    K1 = K + 1
     b = tl.program_id(0)
     j = tl.program_id(1)
     n = _clamped(tl.load(counts_ptr + b), K1)  # every index from caller data is clamped
@@ -159,14 +172,18 @@ def _row_stats_kernel(
 
 @_device
 def _block_accepted(
-    target_ptr, target_stride, rows_ptr, drafts_ptr, q_ptr, q_stride, qrows_ptr,
-    max_ptr, sum_ptr, b, n, lanes, live, px, qx, u, t_safe,
-    V, K, R, RQ,
+    target, draft, stats, scalars, b, n, lanes, tests, t_safe,
     IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr,
 ):  # fmt: skip
     """Block verification's accepted count ``a`` and the residual's scale ``P_{a-1}``
     (docs/semantics.md): the chain ``P_j`` over the lanes, then the backward scan, which reads
-    row ``j+1`` (for ``Z_j``) only where it reaches ``j`` with ``u_j <= P_j``."""
+    row ``j+1`` (for ``Z_j``) only where it reaches ``j`` with ``u_j <= P_j``. ``tests`` holds
+    the token-wise test's lanes ``(live, p(x), q(x), u)``."""
+    target_ptr, target_stride, rows_ptr = target
+    drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
+    _argmax_ptr, max_ptr, sum_ptr, _ent_ptr = stats
+    V, K, R, RQ, _eps, _alpha = scalars
+    live, px, qx, u = tests
     K1 = K + 1
     pxs = tl.where(live, px, 0.0)
     prev = tl.sum(tl.zeros([KB], tl.float32), 0) + 1.0
@@ -269,11 +286,13 @@ def _scan_chunk(wgt, offs, carry, threshold, pick, last_pos, V, BLOCK: tl.conste
     return pick, last_pos, carry + _last_of_cumsum(wgt.to(tl.float64), BLOCK)
 
 @_device
-def _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a, rejected, scale,
-                t_safe, m_a, s_a, V, K, RQ,
+def _final_draw(base, draft, request, scalars, b, a, rejected, scale, t_safe, m_a, s_a,
                 IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
     """The one inverse-CDF draw of a sampled request: from the residual
     ``max(0, scale * p - q)`` at a rejection, else (bonus, empty residual) from ``p``."""
+    drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
+    _counts_ptr, _temp_ptr, u_ptr = request
+    V, K, _R, RQ, _eps, _alpha = scalars
     K1 = K + 1
     lane = tl.arange(0, BLOCK)
     zero = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
@@ -315,17 +334,50 @@ def _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a, rejec
     return tl.where(pick >= 0, pick, last_pos)
 
 
+@_device
+def _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale, t_safe,
+                   IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, TYPICAL: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """A sampled row's token after its accepted prefix ``a``: typical's recovered token (the
+    argmax of ``p_a``) at a rejection, else the one inverse-CDF draw (:func:`_final_draw`)."""
+    target_ptr, target_stride, rows_ptr = target
+    _argmax_ptr, max_ptr, sum_ptr, _ent_ptr = stats
+    V, K, R, _RQ, _eps, _alpha = scalars
+    stat_a = b * (K + 1) + a
+    base = target_ptr + _clamped(tl.load(rows_ptr + stat_a), R) * target_stride
+    if IS_LOGITS:
+        m_a = tl.load(max_ptr + stat_a)
+        s_a = tl.load(sum_ptr + stat_a)
+    else:
+        m_a = 0.0
+        s_a = 1.0
+    final = a * 0
+    do_draw = rejected == 0
+    if not TYPICAL:
+        do_draw = rejected == rejected
+    if TYPICAL:  # noqa: SIM102 - a constexpr test around a run-time one
+        if rejected:  # recovered token: argmax of p_a, lowest index on ties
+            final = _row_argmax(base, t_safe, m_a, s_a, V, IS_LOGITS, BLOCK).to(final.dtype)
+    if do_draw:
+        final = _final_draw(base, draft, request, scalars, b, a, rejected, scale, t_safe,
+                            m_a, s_a, IS_LOGITS, HAS_Q, BLOCK).to(final.dtype)
+    return final
+
+
 @_kernel
 def _decide_kernel(
-    target_ptr, target_stride, rows_ptr, drafts_ptr, counts_ptr, temp_ptr, u_ptr,
-    q_ptr, q_stride, qrows_ptr,
-    argmax_ptr, max_ptr, sum_ptr, ent_ptr,
-    tokens_ptr, accepted_ptr,
-    V, K, R, RQ, eps, alpha,
+    target, draft, request, stats, out, scalars,
     IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, HAS_U: tl.constexpr,
     HAS_GREEDY: tl.constexpr, TYPICAL: tl.constexpr, BLOCK_VERIFY: tl.constexpr,
     BLOCK: tl.constexpr, KB: tl.constexpr,
 ):  # fmt: skip
+    """Grid ``(B,)``: one request's accepted prefix, its next token, and its output row."""
+    target_ptr, target_stride, rows_ptr = target
+    drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
+    counts_ptr, temp_ptr, u_ptr = request
+    argmax_ptr, max_ptr, sum_ptr, ent_ptr = stats
+    tokens_ptr, accepted_ptr = out
+    V, K, R, RQ, eps, alpha = scalars
     b = tl.program_id(0)
     K1 = K + 1
     n = _clamped(tl.load(counts_ptr + b), K1)  # so num_accepted <= K whatever the caller sent
@@ -359,7 +411,7 @@ def _decide_kernel(
                          sampled, t_safe, IS_LOGITS)
     if TYPICAL:
         h = tl.load(ent_ptr + stat, mask=sampled, other=0.0)
-        ok_s = px > tl.minimum(eps, alpha * tl.exp(-h))
+        ok_s = px > _typical_threshold(h, eps, alpha)
     else:
         if HAS_U:  # noqa: SIM108
             u = tl.load(u_ptr + b * K1 + lanes, mask=sampled, other=1.0)
@@ -375,10 +427,9 @@ def _decide_kernel(
     a = tl.min(tl.where(ok, KB, lanes), 0).to(n.dtype)  # lanes >= n are never ok, so a <= n
     scale = tl.sum(tl.zeros([BLOCK], tl.float32), 0) + 1.0  # P_{a-1}: 1 outside block
     if BLOCK_VERIFY:  # sampled rows: block verification's a (greedy rows keep the prefix)
-        a_blk, scale = _block_accepted(
-            target_ptr, target_stride, rows_ptr, drafts_ptr, q_ptr, q_stride, qrows_ptr,
-            max_ptr, sum_ptr, b, n, lanes, sampled & in_vocab, px, qx, u, t_safe,
-            V, K, R, RQ, IS_LOGITS, HAS_Q, BLOCK, KB)
+        a_blk, scale = _block_accepted(target, draft, stats, scalars, b, n, lanes,
+                                       (sampled & in_vocab, px, qx, u), t_safe,
+                                       IS_LOGITS, HAS_Q, BLOCK, KB)
         a = tl.where(greedy, a, a_blk)
 
     rejected = a < n
@@ -387,25 +438,8 @@ def _decide_kernel(
     if HAS_GREEDY:
         final = tl.load(argmax_ptr + stat_a, mask=greedy, other=0).to(final.dtype)
     if greedy == 0:
-        row_a = _clamped(tl.load(rows_ptr + b * K1 + a), R)
-        base = target_ptr + row_a * target_stride
-        if IS_LOGITS:
-            m_a = tl.load(max_ptr + stat_a)
-            s_a = tl.load(sum_ptr + stat_a)
-        else:
-            m_a = 0.0
-            s_a = 1.0
-        do_draw = rejected == 0
-        if not TYPICAL:
-            do_draw = rejected == rejected
-        if TYPICAL:  # noqa: SIM102 - a constexpr test around a run-time one
-            if rejected:  # recovered token: argmax of p_a, lowest index on ties
-                final = _row_argmax(base, t_safe, m_a, s_a, V, IS_LOGITS,
-                                    BLOCK).to(final.dtype)
-        if do_draw:
-            final = _final_draw(base, drafts_ptr, q_ptr, q_stride, qrows_ptr, u_ptr, b, a,
-                                rejected, scale, t_safe, m_a, s_a, V, K, RQ, IS_LOGITS, HAS_Q,
-                                BLOCK).to(final.dtype)
+        final = _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale,
+                               t_safe, IS_LOGITS, HAS_Q, TYPICAL, BLOCK).to(final.dtype)
 
     final = tl.minimum(tl.maximum(final, 0), V - 1)
     d = _clamped(tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0), V)
@@ -436,54 +470,64 @@ def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
     interpreted_kernels = _INTERPRET or KERNELS_INTERPRETED
     mod = sys.modules[__name__]
     inputs.check_layout()
-    drafts = inputs.draft_token_ids
-    b, k = drafts.shape
-    device = drafts.device
+    b, k = inputs.draft_token_ids.shape
+    device = inputs.draft_token_ids.device
     tokens = torch.empty((b, k + 1), dtype=torch.int64, device=device)
     accepted = torch.empty((b,), dtype=torch.int64, device=device)
     if b == 0:
         return tokens, accepted
-    target = _rows_contiguous(inputs.target, interpreted_kernels)
-    v = target.shape[1]
-    q = None if inputs.draft_probs is None else _rows_contiguous(inputs.draft_probs,
-                                                                  interpreted_kernels)
+    target, draft, request, stats, scalars = _records(inputs, interpreted_kernels)
+    v = scalars[0]
     method = inputs.sampled_method  # the one place the launcher reads it
     typical = method == "typical" and not inputs.all_greedy
     block = method == "block" and not inputs.all_greedy
     has_greedy = not inputs.none_greedy
     need_softmax = inputs.target_is_logits and not inputs.all_greedy
     need_entropy = typical
-    temps = inputs.temperature.to(torch.float32).contiguous()
-    counts = inputs.num_draft_tokens.contiguous()
-    rows = inputs.target_rows.contiguous()
-    stats = torch.empty((4, b * (k + 1)), dtype=torch.float32, device=device)
-    argmax = torch.empty((b * (k + 1),), dtype=torch.int32, device=device)
     if has_greedy or need_softmax or need_entropy:
         cap = 1024 if interpreted_kernels else 4096
         mod._row_stats_kernel[(b, k + 1)](
-            target, target.stride(0), rows, counts, temps,
-            argmax, stats[0], stats[1], stats[2],
-            v, k + 1, target.shape[0],
+            target, request, stats, scalars,
             IS_LOGITS=inputs.target_is_logits, NEED_ARGMAX=has_greedy,
             NEED_SOFTMAX=need_softmax, NEED_ENTROPY=need_entropy, BLOCK=_block(v, cap),
             **({} if interpreted_kernels else {"num_warps": 8, **_COMPILE_OPTIONS}),
         )  # fmt: skip
-    u = inputs.uniforms.contiguous() if inputs.uniforms is not None else temps
     mod._decide_kernel[(b,)](
-        target, target.stride(0), rows, drafts.contiguous(), counts, temps, u,
-        q if q is not None else temps, q.stride(0) if q is not None else 0,
-        inputs.draft_rows.contiguous() if q is not None else counts,
-        argmax, stats[0], stats[1], stats[2],
-        tokens, accepted,
-        v, k, target.shape[0], q.shape[0] if q is not None else 1,
-        *inputs.options.typical.kernel_scalars(),
-        IS_LOGITS=inputs.target_is_logits, HAS_Q=q is not None,
+        target, draft, request, stats, (tokens, accepted), scalars,
+        IS_LOGITS=inputs.target_is_logits, HAS_Q=inputs.draft_probs is not None,
         HAS_U=inputs.uniforms is not None, HAS_GREEDY=has_greedy, TYPICAL=typical,
         BLOCK_VERIFY=block, BLOCK=_block(v, 1024 if interpreted_kernels else 2048),
         KB=max(2, triton.next_power_of_2(k + 1)),
         **({} if interpreted_kernels else {"num_warps": 4, **_COMPILE_OPTIONS}),
     )  # fmt: skip
     return tokens, accepted
+
+
+def _records(inputs: VerifyInputs, interpreted_kernels: bool) -> tuple[tuple[Any, ...], ...]:
+    """The kernels' grouped arguments, built here once for both launches: ``target`` (rows,
+    row stride, row map), ``draft`` (ids, ``q`` rows, row stride, row map), ``request``
+    (counts, temperatures, uniforms), ``stats`` (the row-statistics buffers) and the per-call
+    ``scalars`` record ``(V, K, R, RQ, eps, alpha)``. Absent tensors are stood in for by one
+    that is never read (its flag is off), so every group keeps its shape."""
+    drafts = inputs.draft_token_ids
+    b, k = drafts.shape
+    target = _rows_contiguous(inputs.target, interpreted_kernels)
+    temps = inputs.temperature.to(torch.float32).contiguous()
+    counts = inputs.num_draft_tokens.contiguous()
+    if inputs.draft_probs is None:
+        draft = (drafts.contiguous(), temps, 0, counts)
+        rq = 1
+    else:
+        q = _rows_contiguous(inputs.draft_probs, interpreted_kernels)
+        draft = (drafts.contiguous(), q, q.stride(0), inputs.draft_rows.contiguous())
+        rq = q.shape[0]
+    uniforms = inputs.uniforms.contiguous() if inputs.uniforms is not None else temps
+    stats = torch.empty((3, b * (k + 1)), dtype=torch.float32, device=drafts.device)
+    argmax = torch.empty((b * (k + 1),), dtype=torch.int32, device=drafts.device)
+    eps, alpha = inputs.options.typical.kernel_scalars()
+    return ((target, target.stride(0), inputs.target_rows.contiguous()), draft,
+            (counts, temps, uniforms), (argmax, stats[0], stats[1], stats[2]),
+            (target.shape[1], k, target.shape[0], rq, eps, alpha))
 
 
 def _rows_contiguous(x: torch.Tensor, interpreted_kernels: bool) -> torch.Tensor:

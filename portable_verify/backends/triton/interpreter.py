@@ -34,7 +34,7 @@ _STDLIB_SWAPS: dict[int, object] = {}
 class InterpretedDevice:
     """A device function for interpreted kernels: the interpreter's rewritten Python function,
     called directly. (Triton's ``InterpretedFunction`` re-patches ``triton.language`` on every
-    device-function call, which made small launches take seconds; the kernel launch has already
+    device-function call, which dominated small launches; the kernel launch has already
     patched it, including ``tl.core`` through the kernel module's ``_TL_CORE``.)"""
 
     def __init__(self, fn) -> None:  # type: ignore[no-untyped-def]

@@ -15,13 +15,14 @@ decides bit for bit as ``verify`` on this backend. Later siblings read ``r(x) = 
 the stored residual ``w`` and its sum ``S``: the reference's normalised residual up to rounding.
 
 Interpreter: like the chain kernels, this file is executed a second time with ``_INTERPRET``
-injected (``triton_interpreter.interpreted_copy``) and then imports the interpreted copy of
-the chain kernels.
+injected (:func:`portable_verify.backends.triton.interpreter.interpreted_copy`) and then
+imports the interpreted copy of the chain kernels.
 """
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 import triton
@@ -41,7 +42,7 @@ else:
 _kernel, _device = _chain._kernel, _chain._device
 _row_stats, _p_chunk, _row_argmax = _chain._row_stats, _chain._p_chunk, _chain._row_argmax
 _last_of_cumsum, _safe_temperature = _chain._last_of_cumsum, _chain._safe_temperature
-_scan_chunk = _chain._scan_chunk
+_scan_chunk, _typical_threshold = _chain._scan_chunk, _chain._typical_threshold
 PLACEHOLDER = tl.constexpr(PLACEHOLDER_TOKEN_ID)
 _TL_CORE = tl.core  # in the globals so the interpreter patches it at launch
 CHILDREN_CODES = {"deterministic": 0, "iid": 1, "without_replacement": 2}
@@ -63,16 +64,20 @@ def _prob_at(row, x, mask, t_safe, m, s, IS_LOGITS: tl.constexpr):
 
 
 @_device
-def _record(out_nodes, out_tokens, a, child, tok, lanes):
+def _record(path, a, child, tok, lanes):
     """Store the accepted ``child`` (and its token) in column ``a`` of the path."""
+    out_nodes, out_tokens = path
     tl.store(out_nodes + a, child)
     tl.store(out_tokens + a, _lane_value(tok, lanes, child))
 
 
 @_device
-def _greedy_walk(tbase, target_stride, tok, par, valid, lanes, out_nodes, out_tokens, t_safe,
-                 V, W, STATS_BLOCK: tl.constexpr, NB: tl.constexpr):
+def _greedy_walk(rows, tree, path, t_safe, scalars, STATS_BLOCK: tl.constexpr,
+                 NB: tl.constexpr):
     """Descend into the lowest-index child whose token is the node row's first argmax."""
+    tbase, target_stride, _qbase, _q_stride = rows
+    tok, par, valid, lanes = tree
+    V, _N, W, _eps, _alpha = scalars
     g, _m, _s, _h = _row_stats(tbase, t_safe, V, True, False, False, STATS_BLOCK)
     node = tl.min(lanes, 0)
     a = node
@@ -81,7 +86,7 @@ def _greedy_walk(tbase, target_stride, tok, par, valid, lanes, out_nodes, out_to
         match = tl.min(tl.where(valid & (par == node) & (tok == g), lanes, NB), 0)
         going = (match < NB) & (a < W - 1)
         if going:
-            _record(out_nodes, out_tokens, a, match, tok, lanes)
+            _record(path, a, match, tok, lanes)
             a += 1
             node = match
             g, _m, _s, _h = _row_stats(tbase + node.to(tl.int64) * target_stride, t_safe, V,
@@ -90,11 +95,13 @@ def _greedy_walk(tbase, target_stride, tok, par, valid, lanes, out_nodes, out_to
 
 
 @_device
-def _typical_walk(tbase, target_stride, tok, par, valid, lanes, out_nodes, out_tokens, t_safe,
-                  v_draw, eps, alpha, V, W, IS_LOGITS: tl.constexpr, STATS_BLOCK: tl.constexpr,
-                  BLOCK: tl.constexpr, NB: tl.constexpr):
+def _typical_walk(rows, tree, path, t_safe, v_draw, scalars, IS_LOGITS: tl.constexpr,
+                  STATS_BLOCK: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr):
     """First child (sibling order) passing the chain's typical test; none passing: the row's
     argmax; no child to test: a draw from the row."""
+    tbase, target_stride, _qbase, _q_stride = rows
+    tok, par, valid, lanes = tree
+    V, _N, W, eps, alpha = scalars
     _, m, s, h = _row_stats(tbase, t_safe, V, False, IS_LOGITS, True, STATS_BLOCK)
     node = tl.min(lanes, 0)
     a = node
@@ -105,12 +112,12 @@ def _typical_walk(tbase, target_stride, tok, par, valid, lanes, out_nodes, out_t
         kids = valid & (par == node) & (lanes < tl.where(a < W - 1, NB, 0))
         px = _prob_at(row, tl.minimum(tl.maximum(tok, 0), V - 1), kids, t_safe, m, s,
                       IS_LOGITS)
-        passing = kids & (px > tl.minimum(eps, alpha * tl.exp(-h)))
+        passing = kids & (px > _typical_threshold(h, eps, alpha))
         first = tl.min(tl.where(passing, lanes, NB), 0)
         has_kids = tl.max(kids.to(tl.int32), 0) > 0
         going = first < NB
         if going:
-            _record(out_nodes, out_tokens, a, first, tok, lanes)
+            _record(path, a, first, tok, lanes)
             a += 1
             node = first
             row = tbase + node.to(tl.int64) * target_stride
@@ -181,11 +188,13 @@ def _draft_chunk(qrow, qsrow, offs, V, x, Qs, fresh, CHILDREN: tl.constexpr):
 
 
 @_device
-def _fold(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s, V,
+def _fold(row, qrow, scratch, x, residual_state, fresh, t_safe, m, s, V,
           IS_LOGITS: tl.constexpr, CHILDREN: tl.constexpr, BLOCK: tl.constexpr):
     """Fold the rejected ``x`` into the residual: ``r <- norm(max(0, r - q_k))`` into the other
     scratch row (kept only when not empty), then (without replacement) ``q`` loses ``x``.
-    Returns the new ``(cur, S, Qs)``."""
+    ``residual_state`` is ``(cur, S, Qs)`` (see :func:`_rejection_walk`); returns the new one."""
+    wrow, qsrow = scratch
+    cur, S, Qs = residual_state
     lane = tl.arange(0, BLOCK)
     nxt = tl.where(cur == 0, 1, 0)
     total = tl.sum(tl.zeros([BLOCK], tl.float64), 0)
@@ -212,10 +221,12 @@ def _fold(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s, V,
 
 
 @_device
-def _test_values(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s,
-                IS_LOGITS: tl.constexpr, CHILDREN: tl.constexpr, V):
+def _test_values(row, qrow, scratch, x, residual_state, fresh, t_safe, m, s, V,
+                 IS_LOGITS: tl.constexpr, CHILDREN: tl.constexpr):
     """``(r(x), q(x))`` for a child: the node row's ``p(x)`` until a residual is stored, then
     ``w(x) / S``; ``q(x)`` from the draft row, the stored one, or 1 (deterministic)."""
+    wrow, qsrow = scratch
+    cur, S, Qs = residual_state
     if cur < 0:
         rx = _prob_at(row, x, x >= 0, t_safe, m, s, IS_LOGITS)
     else:
@@ -227,12 +238,17 @@ def _test_values(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s,
 
 
 @_device
-def _rejection_walk(tbase, target_stride, qbase, q_stride, wrow, qsrow, urow, tok, par, valid,
-                    lanes, out_nodes, out_tokens, t_safe, N, V, W, IS_LOGITS: tl.constexpr,
+def _rejection_walk(rows, scratch, urow, tree, path, t_safe, scalars, IS_LOGITS: tl.constexpr,
                     CHILDREN: tl.constexpr, STATS_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
                     NB: tl.constexpr):
     """The exact rule: at each node test its children in sibling order against the residual,
-    descend into the first accepted one; none accepted (or none to test): draw from ``w``."""
+    descend into the first accepted one; none accepted (or none to test): draw from ``w``.
+    The residual's state is ``(cur, S, Qs)``: the scratch row holding it (-1: none stored
+    yet, read the node's ``p``), its sum, and (without replacement) the stored draft row's."""
+    tbase, target_stride, qbase, q_stride = rows
+    wrow, _qsrow = scratch
+    tok, par, valid, lanes = tree
+    V, N, W, _eps, _alpha = scalars
     m = t_safe * 0.0  # probabilities: p is read as given; m and s are not used
     s = m + 1.0
     if IS_LOGITS:
@@ -253,17 +269,17 @@ def _rejection_walk(tbase, target_stride, qbase, q_stride, wrow, qsrow, urow, to
         found = a < 0
         while (child < NB) & (found == 0):
             x = _lane_value(tok, lanes, child)
-            rx, qx = _test_values(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s,
-                                 IS_LOGITS, CHILDREN, V)
+            rx, qx = _test_values(row, qrow, scratch, x, (cur, S, Qs), fresh, t_safe, m, s, V,
+                                  IS_LOGITS, CHILDREN)
             found = (rx > 0) & (tl.load(urow + child - 1) * qx <= rx)
             if found == 0:
-                cur, S, Qs = _fold(row, qrow, wrow, qsrow, x, cur, S, Qs, fresh, t_safe, m, s,
-                                   V, IS_LOGITS, CHILDREN, BLOCK)
+                cur, S, Qs = _fold(row, qrow, scratch, x, (cur, S, Qs), fresh, t_safe, m, s, V,
+                                   IS_LOGITS, CHILDREN, BLOCK)
                 fresh = a < 0
                 child = tl.min(tl.where(valid & (par == node) & (lanes > child), lanes, NB), 0)
         going = found
         if found:
-            _record(out_nodes, out_tokens, a, child, tok, lanes)
+            _record(path, a, child, tok, lanes)
             a += 1
             node = child
             row = tbase + node.to(tl.int64) * target_stride
@@ -276,20 +292,28 @@ def _rejection_walk(tbase, target_stride, qbase, q_stride, wrow, qsrow, urow, to
 
 @_kernel
 def _tree_kernel(
-    target_ptr, target_stride, q_ptr, q_stride, tokens_ptr, parents_ptr, counts_ptr, temp_ptr,
-    u_ptr, w_ptr, qs_ptr, out_tokens_ptr, out_nodes_ptr, accepted_ptr,
-    V, N, W, eps, alpha,
+    rows, request, scratch, out, scalars,
     IS_LOGITS: tl.constexpr, HAS_U: tl.constexpr, HAS_GREEDY: tl.constexpr,
     TYPICAL: tl.constexpr, CHILDREN: tl.constexpr, STATS_BLOCK: tl.constexpr,
     BLOCK: tl.constexpr, NB: tl.constexpr, WB: tl.constexpr,
 ):  # fmt: skip
+    """Grid ``(B,)``: one request's walk from the root, its path and its next token."""
+    target_ptr, target_stride, q_ptr, q_stride = rows
+    tokens_ptr, parents_ptr, counts_ptr, temp_ptr, u_ptr = request
+    w_ptr, qs_ptr = scratch
+    out_tokens_ptr, out_nodes_ptr, accepted_ptr = out
+    V, N, W, _eps, _alpha = scalars
     b = tl.program_id(0)
     lanes = tl.arange(0, NB)
     n = tl.minimum(tl.maximum(tl.load(counts_ptr + b), 1), N).to(tl.int32)  # garbage clamped
-    par = tl.load(parents_ptr + b * N + lanes, mask=lanes < N, other=-2).to(tl.int32)
+    # Parents are range-checked at their own width, then narrowed: a parent such as 2**32
+    # must stay out of range (absent), not wrap to the root.
+    par_raw = tl.load(parents_ptr + b * N + lanes, mask=lanes < N, other=-2)
     tok = tl.load(tokens_ptr + b * N + lanes, mask=lanes < N, other=-1)
     # A child can be tested: below n, a valid parent, an id in the vocabulary (-1: none).
-    valid = (lanes >= 1) & (lanes < n) & (par >= 0) & (par < lanes) & (tok >= 0) & (tok < V)
+    valid = ((lanes >= 1) & (lanes < n) & (par_raw >= 0) & (par_raw < lanes) & (tok >= 0)
+             & (tok < V))
+    par = par_raw.to(tl.int32)  # read only where valid, so in [0, lanes)
     t = tl.load(temp_ptr + b)
     t_safe = _safe_temperature(t)
     if HAS_GREEDY:  # noqa: SIM108 - kernel code: constexpr branches, not Python ternaries
@@ -299,27 +323,29 @@ def _tree_kernel(
     if not HAS_U:
         greedy = t == t
     tbase = target_ptr + b.to(tl.int64) * N * target_stride
-    out_nodes, out_tokens = out_nodes_ptr + b * W, out_tokens_ptr + b * W
+    qbase = q_ptr + b.to(tl.int64) * N * q_stride
+    path = (out_nodes_ptr + b * W, out_tokens_ptr + b * W)
+    tree = (tok, par, valid, lanes)
     urow = u_ptr + b * N
     a = n * 0
     final = a
     if greedy:
-        a, final = _greedy_walk(tbase, target_stride, tok, par, valid, lanes, out_nodes,
-                                out_tokens, t_safe, V, W, STATS_BLOCK, NB)
+        a, final = _greedy_walk((tbase, target_stride, qbase, q_stride), tree, path, t_safe,
+                                scalars, STATS_BLOCK, NB)
     else:
         if TYPICAL:
-            a, final = _typical_walk(tbase, target_stride, tok, par, valid, lanes, out_nodes,
-                                     out_tokens, t_safe, tl.load(urow + N - 1), eps, alpha, V,
-                                     W, IS_LOGITS, STATS_BLOCK, BLOCK, NB)
+            a, final = _typical_walk((tbase, target_stride, qbase, q_stride), tree, path, t_safe,
+                                     tl.load(urow + N - 1), scalars, IS_LOGITS, STATS_BLOCK,
+                                     BLOCK, NB)
         else:
             a, final = _rejection_walk(
-                tbase, target_stride, q_ptr + b.to(tl.int64) * N * q_stride, q_stride,
-                w_ptr + b.to(tl.int64) * 2 * V, qs_ptr + b.to(tl.int64) * V, urow, tok,
-                par, valid, lanes, out_nodes, out_tokens, t_safe, N, V, W, IS_LOGITS,
-                CHILDREN, STATS_BLOCK, BLOCK, NB)
+                (tbase, target_stride, qbase, q_stride),
+                (w_ptr + b.to(tl.int64) * 2 * V, qs_ptr + b.to(tl.int64) * V), urow, tree, path,
+                t_safe, scalars, IS_LOGITS, CHILDREN, STATS_BLOCK, BLOCK, NB)
     final = tl.minimum(tl.maximum(final, 0), V - 1)
     cols = tl.arange(0, WB)
     tail = (cols >= a) & (cols < W)
+    out_nodes, out_tokens = path
     tl.store(out_tokens + cols, tl.where(cols == a, final, PLACEHOLDER), mask=tail)
     tl.store(out_nodes + cols, tl.full([WB], -1, tl.int64), mask=tail)
     tl.store(accepted_ptr + b, a)
@@ -338,23 +364,13 @@ def verify_tree_triton(inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, 
     accepted = torch.empty((b,), dtype=torch.int64, device=device)
     if b == 0:
         return tokens, nodes, accepted
-    target = _chain._rows_contiguous(inputs.target, interpreted)
-    v = target.shape[1]
-    q = (target if inputs.draft_probs is None
-         else _chain._rows_contiguous(inputs.draft_probs, interpreted))
-    temps = inputs.temperature.to(torch.float32).contiguous()
     sampled = not inputs.all_greedy
     typical = sampled and inputs.sampled_method == "typical"
     exact = sampled and not typical
-    wr = exact and inputs.children == "without_replacement"
-    scratch = torch.empty((b * 2 * v if exact else 1,), dtype=torch.float32, device=device)
-    q_scratch = torch.empty((b * v if wr else 1,), dtype=torch.float32, device=device)
+    rows, request, scratch, scalars = _records(inputs, interpreted, exact)
+    v = scalars[0]
     mod._tree_kernel[(b,)](
-        target, target.stride(0), q, q.stride(0), inputs.node_token_ids.contiguous(),
-        inputs.parents.contiguous(), inputs.num_nodes.contiguous(), temps,
-        inputs.uniforms.contiguous() if inputs.uniforms is not None else temps,
-        scratch, q_scratch, tokens, nodes, accepted,
-        v, n, width, *inputs.typical.kernel_scalars(),
+        rows, request, scratch, (tokens, nodes, accepted), scalars,
         IS_LOGITS=inputs.target_is_logits, HAS_U=inputs.uniforms is not None,
         HAS_GREEDY=not inputs.none_greedy, TYPICAL=typical,
         CHILDREN=CHILDREN_CODES[inputs.children],
@@ -365,3 +381,28 @@ def verify_tree_triton(inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, 
         **({} if interpreted else {"num_warps": 8, **_chain._COMPILE_OPTIONS}),
     )  # fmt: skip
     return tokens, nodes, accepted
+
+
+def _records(inputs: TreeInputs, interpreted: bool,
+             exact: bool) -> tuple[tuple[Any, ...], ...]:
+    """The tree kernel's grouped arguments, built here once: ``rows`` (target rows and stride,
+    draft rows and stride), ``request`` (node ids, parents, counts, temperatures, uniforms),
+    ``scratch`` (the ``exact`` rule's residual rows and the without-replacement draft row) and the
+    per-call ``scalars`` record ``(V, N, W, eps, alpha)``. A tensor the call does not use is
+    stood in for by one that is never read, so every group keeps its shape."""
+    b, n, width = inputs.batch_size, inputs.num_slots, inputs.width
+    device = inputs.node_token_ids.device
+    target = _chain._rows_contiguous(inputs.target, interpreted)
+    v = target.shape[1]
+    q = (target if inputs.draft_probs is None
+         else _chain._rows_contiguous(inputs.draft_probs, interpreted))
+    temps = inputs.temperature.to(torch.float32).contiguous()
+    wr = exact and inputs.children == "without_replacement"
+    scratch = torch.empty((b * 2 * v if exact else 1,), dtype=torch.float32, device=device)
+    q_scratch = torch.empty((b * v if wr else 1,), dtype=torch.float32, device=device)
+    request = (inputs.node_token_ids.contiguous(), inputs.parents.contiguous(),
+               inputs.num_nodes.contiguous(), temps,
+               inputs.uniforms.contiguous() if inputs.uniforms is not None else temps)
+    eps, alpha = inputs.typical.kernel_scalars()
+    return ((target, target.stride(0), q, q.stride(0)), request, (scratch, q_scratch),
+            (v, n, width, eps, alpha))
