@@ -143,7 +143,7 @@ class TritonBackend(Backend):
 
     @property
     def traits(self) -> BackendTraits:  # type: ignore[override]
-        sizes = {} if self.device != INTERPRETER else {  # tens of ms per request: quick sizes
+        sizes = {} if self.device != INTERPRETER else {  # slow per request: quick sizes
             "statistical_sizes": False, "full_conformance_sizes": False}
         return BackendTraits(layouts=(methods.CHAIN, methods.TREE), chain_rules=CHAIN_RULES,
                              tree_rules=TREE_RULES, **sizes)
