@@ -25,7 +25,7 @@ import portable_verify as pv
 from portable_verify.testing.checks.reference_comparison import host
 from portable_verify.testing.checks.tree_exact import tree_check
 from portable_verify.testing.kit import CheckResult, check
-from portable_verify.testing.stats.chi_square import FitResult, _scipy_stats, chi_square_fit
+from portable_verify.testing.stats.chi_square import FitResult, scipy_stats, chi_square_fit
 from portable_verify.testing.stats.tree_controls import TREE_CONTROLS, TREE_POSITIVE, registered
 from portable_verify.testing.stats.tree_laws import (
     complete,
@@ -61,7 +61,7 @@ def estimated_power(fit: FitResult) -> float:
     ``max(X^2 - df, 0)`` (bias-corrected; a correct rule gets a power near ``alpha``)."""
     if fit.impossible:
         return 1.0
-    stats = _scipy_stats()
+    stats = scipy_stats()
     noncentrality = max(fit.chi2 - fit.df, 0.0)
     critical = stats.chi2.isf(fit.alpha, fit.df)
     return float(stats.ncx2.sf(critical, fit.df, noncentrality)) if noncentrality else fit.alpha

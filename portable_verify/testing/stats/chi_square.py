@@ -16,7 +16,7 @@ import numpy as np
 MIN_EXPECTED = 5.0
 
 
-def _scipy_stats() -> ModuleType:
+def scipy_stats() -> ModuleType:
     """scipy.stats, imported on first use: it is a test extra, not a core dependency."""
     try:
         from scipy import stats
@@ -103,7 +103,7 @@ def chi_square_fit(
     if df < 1:  # one bin: nothing to compare beyond the support
         return FitResult(view, n, 0.0, 0, 1.0, alpha, impossible)
     chi2 = float(((obs_b - exp_b) ** 2 / exp_b).sum())
-    p_value = float(_scipy_stats().chi2.sf(chi2, df))
+    p_value = float(scipy_stats().chi2.sf(chi2, df))
     return FitResult(view, n, chi2, df, p_value, alpha, impossible)
 
 
@@ -128,7 +128,7 @@ def power_against(
     e = bins.aggregate(probs)
     a = bins.aggregate(alt)
     noncentrality = n * float(((a - e) ** 2 / e).sum())
-    stats = _scipy_stats()
+    stats = scipy_stats()
     critical = stats.chi2.isf(alpha, df)
     p_chi2 = float(stats.ncx2.sf(critical, df, noncentrality)) if noncentrality > 0 else alpha
     return 1.0 - (1.0 - p_support) * (1.0 - p_chi2)
