@@ -25,7 +25,7 @@ import portable_verify as pv
 from portable_verify.testing.checks.reference_comparison import host
 from portable_verify.testing.checks.tree_exact import tree_check
 from portable_verify.testing.kit import CheckResult, check
-from portable_verify.testing.stats.chi_square import FitResult, scipy_stats, chi_square_fit
+from portable_verify.testing.stats.chi_square import FitResult, chi_square_fit, scipy_stats
 from portable_verify.testing.stats.tree_controls import TREE_CONTROLS, TREE_POSITIVE, registered
 from portable_verify.testing.stats.tree_laws import (
     complete,
