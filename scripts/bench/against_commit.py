@@ -45,13 +45,44 @@ def _time(fn: object, repeat: int) -> float:
     return (CLOCK() - start) / repeat
 
 
-def _front_doors(old: object, inputs: object, variant: object) -> tuple:
-    """``verify`` of each tree on the cell's inputs, returning the token ids."""
+def _front_doors(old: object, inputs: object, variant: object, door: str = "verify") -> tuple:
+    """The door ``door`` of each tree on the cell's inputs, returning the token ids: ``verify``
+    (padded), ``ragged`` (the same drafts flattened), ``rows`` (flat target rows and their
+    maps, as an engine holds them) or ``tree`` (the drafts as a chain-shaped tree plus one
+    sibling per node, scored by the same rows)."""
     kwargs = inputs.verify_kwargs(variant)  # type: ignore[attr-defined]
     kwargs["seed"] = inputs.seeds  # type: ignore[attr-defined]
     drafts = inputs.drafts  # type: ignore[attr-defined]
-    return (lambda: new.verify(drafts, **kwargs).token_ids,
-            lambda: old.verify(drafts, **kwargs).token_ids)  # type: ignore[attr-defined]
+    b, k = drafts.shape
+    target_key = "target_logits" if "target_logits" in kwargs else "target_probs"
+    target = kwargs.pop(target_key)
+    q = kwargs.pop("draft_probs", None)
+    if door == "verify":
+        call = (drafts,), {target_key: target, "draft_probs": q, **kwargs}
+    elif door == "ragged":
+        call = (drafts.reshape(-1),), {
+            "num_draft_tokens": torch.full((b,), k), target_key: target.reshape(b * (k + 1), -1),
+            "draft_probs": None if q is None else q.reshape(b * k, -1), **kwargs}
+    elif door == "rows":
+        options = new.VerifyOptions(kwargs.pop("method"))
+        call = (drafts,), {
+            "target_rows": torch.arange(b * (k + 1)).reshape(b, k + 1),
+            target_key: target.reshape(b * (k + 1), -1), "options": options,
+            "draft_probs": None if q is None else q.reshape(b * k, -1),
+            "draft_rows": None if q is None else torch.arange(b * k).reshape(b, k), **kwargs}
+    else:  # tree: node j+1 is draft j (a chain), the rows are the target's own
+        parents = torch.arange(-1, k).expand(b, k + 1).contiguous()
+        tokens = torch.cat([torch.zeros(b, 1, dtype=torch.int64), drafts], 1)
+        tree_q = None if q is None else torch.cat([q, q[:, -1:]], 1)
+        call = (tokens, parents), {target_key: target, "draft_probs": tree_q, **kwargs}
+    fn = {"verify": "verify", "ragged": "verify_ragged", "rows": "verify_rows",
+          "tree": "verify_tree"}[door]
+    args, kw = call
+    old_kw = dict(kw)
+    if door == "rows":  # the other tree's own options value
+        old_kw["options"] = old.VerifyOptions(kw["options"].method)  # type: ignore[attr-defined]
+    return (lambda: getattr(new, fn)(*args, **kw).token_ids,
+            lambda: getattr(old, fn)(*args, **old_kw).token_ids)
 
 
 def _kernels(inputs: object, variant: object) -> tuple:
@@ -76,9 +107,10 @@ def _kernels(inputs: object, variant: object) -> tuple:
 
 
 def _cell(old: object, shape: tuple[int, int, int], variant: object, rounds: int,
-          kernel: bool = False) -> dict:
+          kernel: bool = False, door: str = "verify") -> dict:
     inputs = make_inputs(shape, variant, torch.float32, torch.device("cpu"))
-    ours, theirs = _kernels(inputs, variant) if kernel else _front_doors(old, inputs, variant)
+    ours, theirs = (_kernels(inputs, variant) if kernel
+                    else _front_doors(old, inputs, variant, door))
     assert torch.equal(ours(), theirs()), "the two versions disagree"
     one = max(_time(ours, 3), 1e-7)
     repeat = max(1, int(0.02 / one))
@@ -112,6 +144,8 @@ def main() -> None:
     parser.add_argument("--kernel", action="store_true",
                         help="time numba_cpu.decide_arrays of both trees (no front door)")
     parser.add_argument("--shapes", default=None, help="override the grid: 'B,K,V;B,K,V'")
+    parser.add_argument("--door", choices=("verify", "ragged", "rows", "tree"),
+                        default="verify", help="the front door both trees are timed through")
     parser.add_argument("--variants", default=None, help="comma list, e.g. typical/logits")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: this thread's CPU time (less sensitive to a shared machine; "
@@ -132,7 +166,10 @@ def main() -> None:
     for shape in shapes:
         for variant in (v for v in VARIANTS if v.method in old_methods
                         and (wanted is None or v.label in wanted)):
-            row = _cell(old, shape, variant, args.rounds, args.kernel)
+            if args.door == "tree" and variant.method == "block":
+                continue  # block verifies chains; the tree door takes traversal
+            row = _cell(old, shape, variant, args.rounds, args.kernel, args.door)
+            row["door"] = args.door
             rows.append(row)
             print(f"{tuple(shape)!s:>18} {row['variant']:<16} new/old "
                   f"{row['new_over_old']:.3f} [{row['q25']:.3f}, {row['q75']:.3f}]", flush=True)
