@@ -8,6 +8,10 @@ FLOAT32_TINY = 1.1754943508222875e-38
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: the upper clamp of a temperature."""
 
+FLOAT32_LOWEST = -FLOAT32_MAX
+"""The most negative finite float32: a clamp that keeps ``0 * x`` a number where ``x`` may be
+``-inf`` (an entropy term of a zero probability)."""
+
 DRAW_BLOCK = 256
 """Weights per block of a draw's two-level search (block sums, then a scan in one block)."""
 

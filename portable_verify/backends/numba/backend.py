@@ -1,6 +1,6 @@
 """The compiled CPU backend: one numba kernel per call (``backends/numba/chain.py``).
 
-Why a backend of its own: on CPU the torch backend's cost at batch 1-8 is its ~100 array calls
+Why a backend of its own: on CPU the torch backend's cost at batch 1-8 is its many array calls
 (docs/benchmarks.md); here the whole decision, its default-level checks and the uniforms are
 one compiled call. It is what ``backend="auto"`` picks for CPU tensors when numba is
 installed (the ``cpu`` extra). The kernel only flags an invalid value; the words of the error
@@ -27,17 +27,18 @@ from portable_verify.backends.numba.host import (
     EMPTY_I64_1,
     EMPTY_I64_2,
     HALF,
-    NO_TYPICAL,
     PARALLEL_MIN_VALUES,
+    call_arrays,
+    call_record,
+    greedy_record,
     host_array,
     options_record,
-    record_of,
     run_split,
     threads_for,
 )
 from portable_verify.core import methods
-from portable_verify.core.arguments import FLOAT32_MAX, request_seeds
-from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
+from portable_verify.core.arguments import request_seeds
+from portable_verify.core.constants import FLOAT32_MAX, PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyCall, VerifyInputs
 
@@ -69,40 +70,37 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     """``(token_ids, num_accepted, num_emitted, num_draft_tokens, ok)`` from host arrays whose
     layout the caller has checked (shapes index memory here: nothing is bounds-checked);
     ``options`` are the fields of :func:`options_record` other than ``is_logits``; ``block``:
-    sampled rows take block verification (``numba_block``) instead of ``options``' rule.
+    sampled rows take block verification (``block.py``) instead of ``options``' rule.
 
     ``target`` holds the flat rows ``[..., V]`` (C-contiguous); it and ``drafts`` may also be
     contiguous float32 / int64 CPU tensors, read in place by address.
     """
-    return _decide(target, drafts, rows, counts, q, qrows, temps, uniforms, seeds, offsets,
-                   bonus, options_record(is_logits=is_logits, **options), block)
+    arrays = call_arrays(rows, counts, q, qrows, temps, uniforms, seeds, offsets, bonus)
+    return _decide(target, drafts, arrays, options_record(is_logits=is_logits, **options), block)
 
 
-def _decide(target: Any, drafts: Any, rows: np.ndarray, counts: np.ndarray, q: np.ndarray,
-            qrows: np.ndarray, temps: np.ndarray, uniforms: np.ndarray, seeds: np.ndarray,
-            offsets: np.ndarray, bonus: np.ndarray, record: np.ndarray, block: bool
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
-    """:func:`decide_arrays` with the options already a record (positional: this runs on
-    every call, and keyword dictionaries cost more than a small call's decision)."""
+def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np.ndarray,
+            block: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+    """:func:`decide_arrays` with the options already a record and the arrays a tuple
+    (:func:`host.call_arrays`; positional: this runs on every call, and keyword dictionaries
+    cost more than a small call's decision)."""
     b, k = drafts.shape
     v = target.shape[-1]
     if v == 0 and b > 0:
         raise ValueError("the target has an empty vocabulary dimension")
-    r = b * (k + 1) if rows.shape[0] == 0 else target.shape[0]  # rows: target is [R, V]
-    tokens, accepted, emitted, out_counts = _outputs(b, k)
+    r = b * (k + 1) if arrays[0].shape[0] == 0 else target.shape[0]  # rows: target is [R, V]
+    outs = _outputs(b, k)
     threads = 1 if b * k * v < PARALLEL_MIN_VALUES else threads_for(b * k * v, b)
     if (threads == 1 and not block and type(target) is torch.Tensor
             and type(drafts) is torch.Tensor):
-        error = kernels.decide_at(
-            target.data_ptr(), r, v, rows, drafts.data_ptr(), b, k, counts, q, qrows, temps,
-            uniforms, seeds, offsets, bonus, record, tokens, accepted, emitted, out_counts)
-        return tokens, accepted, emitted, out_counts, error == 0
+        error = kernels.decide_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, arrays,
+                                  record, outs)
+        return (*outs, error == 0)
     target = host_array(target, np.float32).reshape(-1, v)
     kernel = numba_block.decide_block if block else kernels.decide
-    before = (target, rows, host_array(drafts, np.int64), counts, q, qrows, temps, uniforms,
-              seeds, offsets, bonus, record)
-    error = run_split(kernel, b, threads, before, (tokens, accepted, emitted, out_counts))
-    return tokens, accepted, emitted, out_counts, error == 0
+    before = (target, host_array(drafts, np.int64), arrays, record)
+    error = run_split(kernel, b, threads, before, (outs,))
+    return (*outs, error == 0)
 
 
 def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
@@ -114,18 +112,17 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     b, k = drafts.shape
     v = target.shape[-1]
     r = b * (k + 1)
-    tokens, accepted, emitted, out_counts = _outputs(b, k)
+    outs = _outputs(b, k)
+    record = greedy_record(is_logits, check)
     threads = 1 if b * v < PARALLEL_MIN_VALUES else threads_for(b * v, b)
     if threads == 1 and type(target) is torch.Tensor and type(drafts) is torch.Tensor:
-        error = kernels.greedy_at(target.data_ptr(), r, v, is_logits,
-                                  drafts.data_ptr(), b, k, counts, bonus, check, tokens,
-                                  accepted, emitted, out_counts)
+        error = kernels.greedy_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, counts,
+                                  bonus, record, outs)
     else:
-        before = (host_array(target, np.float32).reshape(r, v), is_logits,
-                  host_array(drafts, np.int64), counts, bonus, check)
-        error = run_split(kernels.greedy, b, threads, before,
-                          (tokens, accepted, emitted, out_counts))
-    return tokens, accepted, emitted, out_counts, error == 0
+        before = (host_array(target, np.float32).reshape(r, v), host_array(drafts, np.int64),
+                  counts, bonus, record)
+        error = run_split(kernels.greedy, b, threads, before, (outs,))
+    return (*outs, error == 0)
 
 
 _AVAILABILITY = (
@@ -192,16 +189,15 @@ class NumbaBackend(Backend):
                     offsets = offset
             if not all_greedy and method not in CHAIN_RULES:
                 raise methods.unknown_rule(method, "numba:cpu", methods.CHAIN)
-            typical = options.typical.kernel_scalars() if method == "typical" else NO_TYPICAL
-            record = record_of((call.target_name == "target_logits", all_greedy,
-                                method == "typical", check, seed_mode, seed_scalar,
-                                offset_scalar, temp_scalar, *typical, PROB_SUM_ATOL,
-                                PROB_SUM_ATOL))  # options_record's fields, in order
-            q = EMPTY_F32_2 if call.draft_probs is None else call.draft_probs
-            out = _decide(call.target, call.drafts,
-                          EMPTY_I64_2 if call.rows is None else call.rows, counts, q,
-                          EMPTY_I64_2 if call.draft_rows is None else call.draft_rows, temps,
-                          uniforms, seeds, offsets, bonus, record, method == "block")
+            record = call_record(call.target_name == "target_logits", all_greedy,
+                                 options.typical if method == "typical" else None, check,
+                                 seed_mode, seed_scalar, offset_scalar, temp_scalar)
+            arrays = call_arrays(
+                EMPTY_I64_2 if call.rows is None else call.rows, counts,
+                EMPTY_F32_2 if call.draft_probs is None else call.draft_probs,
+                EMPTY_I64_2 if call.draft_rows is None else call.draft_rows, temps, uniforms,
+                seeds, offsets, bonus)
+            out = _decide(call.target, call.drafts, arrays, record, method == "block")
         if not out[4]:
             raise ReadValueError("a value the decision reads is invalid")
         return out[:4]
@@ -241,7 +237,7 @@ class NumbaBackend(Backend):
 
     def run_tree(self, inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tree walk as one kernel (``backends/numba/tree.py``)."""
-        from portable_verify.backends.numba.tree import tree_arrays  # compiles on first use
+        from portable_verify.backends.numba.tree import tree_arrays  # numba: the `cpu` extra
 
         if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:
             raise methods.unknown_rule(inputs.sampled_method, "numba:cpu", methods.TREE)

@@ -1,14 +1,14 @@
 """Block verification (docs/semantics.md, *Block verification*) as one compiled CPU kernel.
 
-Each request is ``numpy_ref.block_one``'s twin: the chain ``P_j`` from ``p_j(x_j)`` and
+Each request is the numpy family's ``block_one``'s twin: the chain ``P_j`` from ``p_j(x_j)`` and
 ``q_j(x_j)`` (from logits every row's maximum and normaliser, on a pass that stores nothing),
 a backward scan that computes ``Z_j`` only where ``u_j <= P_j`` (from logits the row's
 exponentials recomputed: in this kernel that costs no more than keeping ``K`` rows of them),
 and one draw. The residual ``Z_j`` is computed on is the row the draw reads when the scan
 stops there, so it is drawn from where it lies.
 
-:func:`decide_block` has :func:`numba_kernels.decide`'s signature, so ``numba_cpu`` runs it
-over request ranges on the same worker threads (bit-identical at any thread count). Counts,
+:func:`decide_block` has :func:`chain.decide`'s signature, so the backend runs it over
+request ranges on the same worker threads (bit-identical at any thread count). Counts,
 greedy rows, uniforms, the caller's bonus and the ``O(K)`` checks are the rejection kernel's
 own helpers. Under ``options.check`` every target row ``j <= n`` and draft row ``j < n`` of
 every request is checked, as ``validate="full"`` does: the rows the scan reads depend on the
@@ -25,8 +25,6 @@ import numpy as np
 from portable_verify.backends.numba.chain import (
     DRAW_COUNTER,
     ERROR_NONE,
-    TEMP_HIGH,
-    TEMP_LOW,
     _bad_logit_max,
     _bad_request,
     _count,
@@ -39,6 +37,7 @@ from portable_verify.backends.numba.chain import (
     _target_row,
     _u,
     draw,
+    normal_temperature,
 )
 from portable_verify.backends.numba.rows import (
     JIT,
@@ -79,7 +78,8 @@ def _residual_part(p, s, scale, q, x, out):
 @numba.njit(**JIT, fastmath={"contract"})
 def _exp_sum_part(row, m, t):
     """float32 sum of ``exp((row - m) / t)`` over one part, nothing stored: ``P_j`` needs only
-    each row's normaliser, and a pass that writes the row costs ~a third more."""
+    each row's normaliser, and a pass that writes the row costs more (docs/benchmarks.md,
+    "numba family")."""
     total = _ZERO
     for j in range(row.shape[0]):
         total = _add_reassoc(total, _exp32((row[j] - m) / t))
@@ -91,8 +91,8 @@ def _normaliser(row, t, x):
     """``(max, sum, e_x)`` of a logits row in one read of it: part by part, the running max
     (a part's own max first, while it is in L1) and the float64 sum of ``exp((row - max) / t)``,
     rescaled when the max grows; ``e_x`` the exponential at ``x``. Equal to the reference's
-    normaliser within float rounding (docs/semantics.md); a separate max pass re-reads the row
-    from memory, which cost ~30% of block's chain from logits."""
+    normaliser within float rounding (docs/semantics.md); a separate max pass would re-read the
+    row from memory (docs/benchmarks.md, "numba family")."""
     size = row.shape[0]
     top = np.float32(-np.inf)
     total = 0.0
@@ -108,10 +108,12 @@ def _normaliser(row, t, x):
 
 
 @numba.njit(inline="always", **JIT)
-def _residual(target, rows, drafts, q, qrows, is_logits, i, j, scale, tf, maxes, sums, scratch,
-              out):
-    """``max(scale * p_j - q_j, 0)`` of request ``i`` into ``out``; its float64 total (``Z``).
-    From logits row ``j``'s exponentials are recomputed into ``scratch`` (left there)."""
+def _residual(target, drafts, arrays, is_logits, i, j, scale, tf, work):
+    """``max(scale * p_j - q_j, 0)`` of request ``i`` into ``work``'s ``out``; its float64 total
+    (``Z``). From logits row ``j``'s exponentials are recomputed into ``work``'s ``scratch``
+    (left there)."""
+    rows, _, q, qrows, _, _, _, _, _ = arrays
+    maxes, sums, _, scratch, out = work
     k = drafts.shape[1]
     p = target[_target_row(rows, i, j, k, target.shape[0])]
     s = _ONE
@@ -130,9 +132,12 @@ def _residual(target, rows, drafts, q, qrows, is_logits, i, j, scale, tf, maxes,
 
 
 @numba.njit(**JIT)
-def _chain(target, rows, drafts, q, qrows, is_logits, i, n, tf, maxes, sums, chain, scratch):
+def _chain(target, drafts, arrays, is_logits, i, n, tf, work):
     """``chain[j] = P_j`` for ``j < n`` (float32, as the reference); from logits also each
-    row's maximum and the float64 sum of its exponentials (``maxes[j]``, ``sums[j]``)."""
+    row's maximum and the float64 sum of its exponentials (``maxes[j]``, ``sums[j]``), all
+    three in ``work``."""
+    rows, _, q, qrows, _, _, _, _, _ = arrays
+    maxes, sums, chain, _, _ = work
     k = drafts.shape[1]
     v_size = target.shape[1]
     prev = _ONE
@@ -163,18 +168,18 @@ def _chain(target, rows, drafts, q, qrows, is_logits, i, n, tf, maxes, sums, cha
 
 
 @numba.njit(**JIT)
-def _scan(target, rows, drafts, q, qrows, explicit_u, is_logits, i, n, key, tf, maxes, sums,
-          chain, scratch, out):
+def _scan(target, drafts, arrays, is_logits, i, n, key, tf, work):
     """The backward scan: ``a``. Where it stops at ``j < n-1`` the residual of row ``a = j+1``
-    (``Z_j``'s terms) is left in ``out``."""
+    (``Z_j``'s terms) is left in ``work``'s ``out``."""
+    explicit_u = arrays[5]
+    chain = work[2]
     for j in range(n - 1, -1, -1):
         u = np.float32(_u(explicit_u, key, i, j, 2 * j))
         if u > chain[j]:
             continue  # h_j <= P_j: no row read
         if j == n - 1:  # h_{n-1} = P_{n-1}
             return n
-        z = _residual(target, rows, drafts, q, qrows, is_logits, i, j + 1, chain[j], tf, maxes,
-                      sums, scratch, out)
+        z = _residual(target, drafts, arrays, is_logits, i, j + 1, chain[j], tf, work)
         p_j = np.float64(chain[j])
         h = z / (z + (1.0 - p_j)) if z > 0 else 0.0
         if np.float64(u) <= h:
@@ -183,9 +188,10 @@ def _scan(target, rows, drafts, q, qrows, explicit_u, is_logits, i, n, key, tf, 
 
 
 @numba.njit(inline="always", **JIT)
-def _bad_rows(target, rows, q, qrows, o, i, n, k):
+def _bad_rows(target, arrays, o, i, n, k):
     """``validate="full"``'s row checks of request ``i``: target rows ``j <= n``, draft rows
     ``j < n``."""
+    rows, _, q, qrows, _, _, _, _, _ = arrays
     bad = False
     for j in range(n + 1):
         row = target[_target_row(rows, i, j, k, target.shape[0])]
@@ -200,9 +206,12 @@ def _bad_rows(target, rows, q, qrows, o, i, n, k):
 
 
 @numba.njit(inline="always", **JIT)
-def _block_token(target, rows, drafts, q, qrows, o, i, a, n, tf, v, maxes, sums, scratch, out):
+def _block_token(target, drafts, arrays, o, i, a, n, tf, v, work):
     """The draw after ``a`` accepted drafts: from ``p_n`` when ``a = n``, else from the residual
-    ``max(P_{a-1} p_a - q_a, 0)`` (already in ``out`` for ``a > 0``), ``p_a`` when empty."""
+    ``max(P_{a-1} p_a - q_a, 0)`` (already in ``work``'s ``out`` for ``a > 0``), ``p_a`` when
+    empty."""
+    rows = arrays[0]
+    _, _, _, scratch, out = work
     k = drafts.shape[1]
     if a == n:
         row = target[_target_row(rows, i, n, k, target.shape[0])]
@@ -211,8 +220,7 @@ def _block_token(target, rows, drafts, q, qrows, o, i, a, n, tf, v, maxes, sums,
             row = scratch
         return draw(row, v)[0]
     if a == 0:
-        _residual(target, rows, drafts, q, qrows, o.is_logits, i, 0, _ONE, tf, maxes, sums,
-                  scratch, out)
+        _residual(target, drafts, arrays, o.is_logits, i, 0, _ONE, tf, work)
     token, total = draw(out, v)
     if total > 0:
         return token
@@ -222,41 +230,36 @@ def _block_token(target, rows, drafts, q, qrows, o, i, a, n, tf, v, maxes, sums,
 
 
 @numba.njit(**JIT)
-def _block_one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets, bonus,
-               options, i, maxes, sums, chain, scratch, out, out_tokens, out_accepted,
-               out_emitted, out_counts):
+def _block_one(target, drafts, arrays, o, i, work, outs):
     """Request ``i`` from its count to its emission; returns its flag."""
-    o = options[0]
+    rows, counts, _, _, temps, explicit_u, _, _, bonus = arrays
     k = drafts.shape[1]
     v_size = target.shape[1]
-    n, n_raw, out_counts[i], bad = _count(counts, drafts, i, o.check)
+    n, n_raw, reported, bad = _count(counts, drafts, i, o.check)
+    outs[3][i] = reported
     t = o.temp_scalar if temps.shape[0] == 0 else np.float64(temps[i])
     error = _flag(ERROR_NONE, o.check and (
         bad or _bad_request(drafts, bonus, explicit_u, i, n, t, v_size, o.is_logits)
-        or _bad_rows(target, rows, q, qrows, o, i, n, k)))
+        or _bad_rows(target, arrays, o, i, n, k)))
     caller_bonus = bonus.shape[0] > 0
     if o.all_greedy or t == 0:
         accepted, final, _ = _greedy_request(target, rows, drafts, i, n, o.is_logits, False)
     else:
-        tf = np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
-        key = _key_of(o, seeds, offsets, explicit_u, i)
-        _chain(target, rows, drafts, q, qrows, o.is_logits, i, n, tf, maxes, sums, chain,
-               scratch)
-        accepted = _scan(target, rows, drafts, q, qrows, explicit_u, o.is_logits, i, n, key, tf,
-                         maxes, sums, chain, scratch, out)
+        tf = normal_temperature(t)
+        key = _key_of(o, arrays, i)
+        _chain(target, drafts, arrays, o.is_logits, i, n, tf, work)
+        accepted = _scan(target, drafts, arrays, o.is_logits, i, n, key, tf, work)
         final = 0
         if not (caller_bonus and accepted == n_raw):  # else the caller's draw replaces ours
             v = _u(explicit_u, key, i, k, DRAW_COUNTER)
-            final = _block_token(target, rows, drafts, q, qrows, o, i, accepted, n, tf, v, maxes,
-                                 sums, scratch, out)
-    _emit(out_tokens, out_accepted, out_emitted, drafts, bonus, i, accepted, n_raw, final)
+            final = _block_token(target, drafts, arrays, o, i, accepted, n, tf, v, work)
+    _emit(outs, drafts, bonus, i, accepted, n_raw, final)
     return error
 
 
 @numba.njit(**JIT)
-def decide_block(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets,
-                 bonus, options, lo, hi, out_tokens, out_accepted, out_emitted, out_counts):
-    """:func:`numba_kernels.decide` for ``method="block"``: requests ``lo .. hi-1``; returns
+def decide_block(target, drafts, arrays, options, lo, hi, outs):
+    """:func:`chain.decide` for ``method="block"``: requests ``lo .. hi-1``; returns
     ``ERROR_VALUE`` when ``options.check`` is set and a row or value is invalid."""
     k = drafts.shape[1]
     v_size = target.shape[1]
@@ -265,10 +268,9 @@ def decide_block(target, rows, drafts, counts, q, qrows, temps, explicit_u, seed
     chain = np.empty(k, dtype=np.float32)
     scratch = np.empty(v_size, dtype=np.float32)
     out = np.empty(v_size, dtype=np.float32)
+    work = (maxes, sums, chain, scratch, out)
+    o = options[0]
     error = ERROR_NONE
     for i in range(lo, hi):
-        error = max(error, _block_one(target, rows, drafts, counts, q, qrows, temps, explicit_u,
-                                      seeds, offsets, bonus, options, i, maxes, sums, chain,
-                                      scratch, out, out_tokens, out_accepted, out_emitted,
-                                      out_counts))
+        error = max(error, _block_one(target, drafts, arrays, o, i, work, outs))
     return error

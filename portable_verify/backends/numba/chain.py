@@ -1,15 +1,18 @@
 """The whole decision of one call as one compiled CPU kernel (numba).
 
-Why: at the serving operating point (batch 1-8) a call's fixed cost is what matters, and one
-compiled call costs under a microsecond to enter; at serving scale disjoint ranges of
-requests run at once on several threads (``numba_cpu``; docs/decisions.md says why threads
-and not numba's parallel layer). Semantics are
-docs/semantics.md; each request is ``numpy_ref.verify_one``'s twin, in the same two halves
+Why: at the serving operating point (batch 1-8) a call's fixed cost is what matters, and a
+compiled call is cheap to enter; at serving scale disjoint ranges of requests run at once on
+several threads (``backends/numba/backend.py``; docs/decisions.md says why threads and not
+numba's parallel layer). Semantics are docs/semantics.md; each request is
+``backends/numpy/chain.py``'s ``verify_one``'s twin, in the same two halves
 (:func:`accept_prefix`, :func:`final_token`); the row passes are
 :mod:`portable_verify.backends.numba.rows` (vectorised max, argmax, exp, log).
 
-Arrays that an option leaves out are passed as empty arrays of the same dtype and rank, so the
-kernel compiles once; the options travel as one record (:data:`OPTIONS`).
+A kernel takes few arguments (numba enters a call argument by argument): the target, the
+drafts, the call's other arrays as one tuple (:data:`ARRAYS`), the options as one record
+(:data:`OPTIONS`), the request range and the outputs as one tuple. Arrays that an option leaves
+out are passed as empty arrays of the same dtype and rank, so the tuple's type, and with it the
+kernel, is the same in every call of one dtype combination (one compile, one cache entry).
 """
 
 from __future__ import annotations
@@ -51,7 +54,7 @@ TEMP_LOW = constants.FLOAT32_TINY
 TEMP_HIGH = constants.FLOAT32_MAX
 TILE = 16 * DRAW_BLOCK  # fused passes: one row call per tile (a call per draw block costs
 # more than it saves), the tile's draw-block sums taken while it is in L1/L2
-ONE_KEY = np.int32(0x3F800000)  # the order key (numba_math) of 1.0: its float32 bits
+ONE_KEY = np.int32(0x3F800000)  # the order key (rows.py) of 1.0: its float32 bits
 
 EMPTY_ROWS = np.empty((0, 0), dtype=np.int64)
 
@@ -63,12 +66,22 @@ OPTIONS = np.dtype([
     ("check", np.bool_), ("seed_mode", np.int64), ("seed_scalar", np.int64),
     ("offset_scalar", np.int64), ("temp_scalar", np.float64),
     ("eps", np.float64), ("alpha", np.float64), ("atol", np.float64), ("q_atol", np.float64),
+    ("children", np.int64), ("max_depth", np.int64),
 ], align=True)
-"""A call's options as one record (a 1-element array of it goes down to the kernel).
+"""A call's options and scalars as one record (a 1-element array of it goes down to the
+kernel), chain and tree kernels alike; ``host.call_record`` builds it (the one place).
 
 ``seed_mode`` 1: per-request ``seeds``; 2: ``row_seed(seed_scalar, i)``; ``offset_scalar``
-when ``offsets`` is empty; ``temp_scalar`` when ``temps`` is empty; ``atol`` / ``q_atol``:
-the sum tolerance of target / draft probability rows."""
+when ``offsets`` is empty; ``temp_scalar`` when ``temps`` is empty; ``eps`` / ``alpha``: the
+typical parameters (:func:`typical_threshold`); ``atol`` / ``q_atol``: the sum tolerance of
+target / draft probability rows; ``children`` / ``max_depth``: a tree walk's children code
+and depth cap (0 in chain calls)."""
+
+ARRAYS = ("rows", "counts", "q", "qrows", "temps", "uniforms", "seeds", "offsets", "bonus")
+"""The order of the chain kernels' array tuple (``host.call_arrays`` builds it): target row
+map ``[B, K+1]``, draft counts ``[B]``, draft probabilities ``[R, V]`` and their row map
+``[B, K]``, temperatures ``[B]``, explicit uniforms ``[B, K+1]``, seeds and offsets ``[B]``,
+the caller's bonus ids ``[B]``; each empty where the call leaves it out."""
 
 
 @numba.njit(inline="always", **JIT)
@@ -130,7 +143,7 @@ def draw_checked(w, v, atol):
 @numba.njit(inline="always", **JIT)
 def _block_sums(w, with_stats):
     """Per-block float64 sums and their total; with ``with_stats`` also the row's minimum and
-    whether it holds a NaN (:func:`numba_math.row_stats` per block: the same pass)."""
+    whether it holds a NaN (:func:`rows.row_stats` per block: the same pass)."""
     size = w.shape[0]
     n_blocks = (size + DRAW_BLOCK - 1) // DRAW_BLOCK
     sums = np.empty(n_blocks, dtype=np.float64)
@@ -176,7 +189,7 @@ def _pick(w, sums, total, v, zero_at):
 
 @numba.njit(inline="always", **JIT)
 def _exp_sums(row, m, tf, out, sums):
-    """:func:`numba_math.exp_sum` tile by tile (:data:`TILE`), each draw block's float64 sum
+    """:func:`rows.exp_sum` tile by tile (:data:`TILE`), each draw block's float64 sum
     (the draw's first level, kept in ``sums``) taken while the tile is in cache: a later draw
     from ``out`` reads only its crossing block. Returns the total (the softmax normaliser)."""
     size = row.shape[0]
@@ -192,7 +205,7 @@ def _exp_sums(row, m, tf, out, sums):
 @numba.njit(inline="always", **JIT)
 def _residual_sums(p, scale, q, out, sums, stats):
     """``out = max(p / scale - q, 0)`` with each draw block's sum in ``sums``, tile by tile
-    (as :func:`_exp_sums`); with ``stats`` also :func:`numba_math.residual_stats`'s checks of
+    (as :func:`_exp_sums`); with ``stats`` also :func:`rows.residual_stats`'s checks of
     both probability rows, on the same pass. ``(bad_p, total_p, bad_q, total_q, total)``."""
     size = p.shape[0]
     bad_p = bad_q = False
@@ -226,8 +239,8 @@ def _tile_sums(out, sums, lo, hi):
 @numba.njit(inline="always", **JIT)
 def _first_one(p):
     """First ``t`` with ``p[t] >= 1`` (-1 if none): chunk maxima (vectorised) find the first
-    chunk holding one, and only that chunk is scanned (a scalar scan of the row costs ~1 cycle
-    per entry up to the hit)."""
+    chunk holding one, and only that chunk is scanned (a scalar scan pays for every entry up to
+    the hit)."""
     n = p.shape[0]
     for c0 in range(0, n, _CHUNK):
         c1 = min(n, c0 + _CHUNK)
@@ -248,6 +261,21 @@ def _not_a_distribution(row, atol):
     """A row a draw reads in full: a negative or NaN entry, or a total not within ``atol`` of 1."""
     low, has_nan, total = row_stats(row)
     return not _is_distribution(low, has_nan, total, atol)
+
+
+@numba.njit(inline="always", **JIT)
+def typical_threshold(o, h):
+    """Typical acceptance's threshold ``min(eps, alpha * exp(-H))`` (docs/semantics.md) for a
+    row of entropy ``h``, ``o`` the call's record: its one writing in this family, which the
+    chain and the tree kernels both call."""
+    return min(o.eps, o.alpha * math.exp(-h))
+
+
+@numba.njit(inline="always", **JIT)
+def normal_temperature(t):
+    """The float32 temperature a sampled row divides by: ``t`` clamped into the normal float32
+    range (docs/semantics.md), as every backend does."""
+    return np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
 
 
 @numba.njit(inline="always", **JIT)
@@ -341,9 +369,10 @@ def _greedy_request(target, rows, drafts, i, n, is_logits, check):
 
 
 @numba.njit(inline="always", **JIT)
-def _emit(out_tokens, out_accepted, out_emitted, drafts, bonus, i, accepted, n_raw, final):
+def _emit(outs, drafts, bonus, i, accepted, n_raw, final):
     """Request ``i``'s outputs, written once: the accepted drafts, the final token (the
     caller's bonus id where every raw draft was accepted and it gave one), then -1."""
+    out_tokens, out_accepted, out_emitted, _ = outs
     if bonus.shape[0] > 0 and accepted == n_raw:
         final = bonus[i]
     out_accepted[i] = accepted
@@ -358,26 +387,25 @@ def _emit(out_tokens, out_accepted, out_emitted, drafts, bonus, i, accepted, n_r
 
 
 @numba.njit(inline="always", **JIT)
-def _greedy_one(target, is_logits, drafts, counts, bonus, check, i, out_tokens, out_accepted,
-                out_emitted, out_counts):
+def _greedy_one(target, drafts, counts, bonus, o, i, outs):
     """Greedy request ``i`` from count to emission; returns its flag."""
-    n, n_raw, out_counts[i], bad = _count(counts, drafts, i, check)
-    bad = bad or (check and _bad_ids(drafts, bonus, i, n, target.shape[1]))
-    accepted, final, bad_row = _greedy_request(target, EMPTY_ROWS, drafts, i, n, is_logits,
-                                               check)
-    _emit(out_tokens, out_accepted, out_emitted, drafts, bonus, i, accepted, n_raw, final)
+    n, n_raw, reported, bad = _count(counts, drafts, i, o.check)
+    outs[3][i] = reported
+    bad = bad or (o.check and _bad_ids(drafts, bonus, i, n, target.shape[1]))
+    accepted, final, bad_row = _greedy_request(target, EMPTY_ROWS, drafts, i, n, o.is_logits,
+                                               o.check)
+    _emit(outs, drafts, bonus, i, accepted, n_raw, final)
     return _flag(ERROR_NONE, bad or bad_row)
 
 
 @numba.njit(**JIT)
-def greedy(target, is_logits, drafts, counts, bonus, check, lo, hi, out_tokens, out_accepted,
-           out_emitted, out_counts):
+def greedy(target, drafts, counts, bonus, options, lo, hi, outs):
     """:func:`decide` for requests ``lo .. hi-1`` of a padded call whose every row is greedy
-    (fewer arguments: a compiled call costs ~50 ns per argument to enter)."""
+    (of the call's arrays only the two it reads: numba enters a call argument by argument)."""
+    o = options[0]
     error = ERROR_NONE
     for i in range(lo, hi):
-        error = max(error, _greedy_one(target, is_logits, drafts, counts, bonus, check, i,
-                                       out_tokens, out_accepted, out_emitted, out_counts))
+        error = max(error, _greedy_one(target, drafts, counts, bonus, o, i, outs))
     return error
 
 
@@ -394,14 +422,13 @@ def _pointer(typingctx, address, dtype):
 
 
 @numba.njit(**JIT)
-def greedy_at(target_address, rows, v_size, is_logits, drafts_address, b, k, counts, bonus,
-              check, out_tokens, out_accepted, out_emitted, out_counts):
+def greedy_at(target_address, n_rows, v_size, drafts_address, b, k, counts, bonus, options,
+              outs):
     """:func:`greedy` (all requests: small calls) on contiguous torch tensors given by address:
-    making their numpy views costs more (~0.7 us each) than a small call's whole decision."""
-    target = numba.carray(_pointer(target_address, np.float32), (rows, v_size))
+    making their numpy views costs more than a small call's whole decision."""
+    target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
     drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
-    return greedy(target, is_logits, drafts, counts, bonus, check, 0, b, out_tokens,
-                  out_accepted, out_emitted, out_counts)
+    return greedy(target, drafts, counts, bonus, options, 0, b, outs)
 
 
 @numba.njit(inline="always", **JIT)
@@ -416,8 +443,9 @@ def _request_key(seed, offset):
 
 
 @numba.njit(inline="always", **JIT)
-def _key_of(o, seeds, offsets, explicit_u, i):
+def _key_of(o, arrays, i):
     """Request ``i``'s counter-hash key (unused when the caller gave uniforms)."""
+    _, _, _, _, _, explicit_u, seeds, offsets, _ = arrays
     if explicit_u.shape[0] > 0:
         return np.uint64(0)
     seed = seeds[i] if o.seed_mode == 1 else row_seed(o.seed_scalar, i)
@@ -454,11 +482,13 @@ def _softmax_sums(row, tf, scratch, sums, typical, check):
 
 
 @numba.njit(**JIT)
-def accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n, tf, key, scratch, sums):
-    """The first half of ``numpy_ref.verify_one`` for a sampled request: ``(accepted, s,
-    error)``, the length of the accepted prefix of its ``n`` drafts and, for logits, the sum
-    of the exponentials of the last row read (they stay in ``scratch``, their draw-block sums
-    in ``sums``)."""
+def accept_prefix(target, drafts, arrays, o, i, n, tf, key, work):
+    """The first half of the numpy family's ``verify_one`` for a sampled request:
+    ``(accepted, s, error)``, the length of the accepted prefix of its ``n`` drafts and, for
+    logits, the sum of the exponentials of the last row read (they stay in ``work``'s
+    scratch, their draw-block sums in its ``sums``)."""
+    rows, _, q, qrows, _, explicit_u, _, _, _ = arrays
+    scratch, _, sums = work
     k = drafts.shape[1]
     v_size = target.shape[1]
     error = ERROR_NONE
@@ -481,7 +511,7 @@ def accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n, tf, key, 
                 error = _flag(error, o.check and not finite)
         px = px if in_vocab else np.float32(0.0)
         if o.typical:
-            ok = in_vocab and px > min(o.eps, o.alpha * math.exp(-h))
+            ok = in_vocab and px > typical_threshold(o, h)
         else:
             qx = np.float32(1.0)
             if q.shape[0] > 0:
@@ -530,11 +560,12 @@ def _residual_token(p, s, sums, qrow, x, v, o, scratch_residual):
 
 
 @numba.njit(**JIT)
-def final_token(target, rows, drafts, q, qrows, explicit_u, o, i, accepted, n, s, tf, key,
-                scratch, scratch_residual, sums):
-    """The second half of ``numpy_ref.verify_one`` for a sampled request: the token after
-    ``accepted`` drafts (typical: the argmax after a rejection; rejection sampling: a draw
-    from the residual; all accepted: a draw from the bonus row). ``(token, error)``."""
+def final_token(target, drafts, arrays, o, i, accepted, n, s, tf, key, work):
+    """The second half of the numpy family's ``verify_one`` for a sampled request: the token
+    after ``accepted`` drafts (typical: the argmax after a rejection; rejection sampling: a
+    draw from the residual; all accepted: a draw from the bonus row). ``(token, error)``."""
+    rows, _, q, qrows, _, explicit_u, _, _, _ = arrays
+    scratch, scratch_residual, sums = work
     k = drafts.shape[1]
     rejected = accepted < n
     v = _u(explicit_u, key, i, k, DRAW_COUNTER)
@@ -567,13 +598,12 @@ def final_token(target, rows, drafts, q, qrows, explicit_u, o, i, accepted, n, s
 
 
 @numba.njit(**JIT)
-def _one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets, bonus,
-         options, i, scratch, scratch_residual, sums, out_tokens, out_accepted, out_emitted,
-         out_counts):
+def _one(target, drafts, arrays, o, i, work, outs):
     """Request ``i`` from its count to its emission (written once); returns its flag."""
-    o = options[0]
+    rows, counts, _, _, temps, explicit_u, _, _, bonus = arrays
     v_size = target.shape[1]
-    n, n_raw, out_counts[i], bad = _count(counts, drafts, i, o.check)
+    n, n_raw, reported, bad = _count(counts, drafts, i, o.check)
+    outs[3][i] = reported
     t = o.temp_scalar if temps.shape[0] == 0 else np.float64(temps[i])
     error = _flag(ERROR_NONE, o.check and (bad or _bad_request(
         drafts, bonus, explicit_u, i, n, t, v_size, o.is_logits)))
@@ -582,52 +612,49 @@ def _one(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offse
         accepted, final, bad = _greedy_request(target, rows, drafts, i, n, o.is_logits, o.check)
         error = _flag(error, bad)
     else:
-        tf = np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
-        key = _key_of(o, seeds, offsets, explicit_u, i)
-        accepted, s, bad = accept_prefix(target, rows, drafts, q, qrows, explicit_u, o, i, n,
-                                         tf, key, scratch, sums)
+        tf = normal_temperature(t)
+        key = _key_of(o, arrays, i)
+        accepted, s, bad = accept_prefix(target, drafts, arrays, o, i, n, tf, key, work)
         error = max(error, bad)
         final = 0
         if not (caller_bonus and accepted == n_raw):  # else the caller's draw replaces ours
-            final, bad = final_token(target, rows, drafts, q, qrows, explicit_u, o, i,
-                                     accepted, n, s, tf, key, scratch, scratch_residual, sums)
+            final, bad = final_token(target, drafts, arrays, o, i, accepted, n, s, tf, key,
+                                     work)
             error = max(error, bad)
-    _emit(out_tokens, out_accepted, out_emitted, drafts, bonus, i, accepted, n_raw, final)
+    _emit(outs, drafts, bonus, i, accepted, n_raw, final)
     return error
 
 
 @numba.njit(**JIT)
-def decide(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets, bonus,
-           options, lo, hi, out_tokens, out_accepted, out_emitted, out_counts):
-    """Fill ``out_*`` for requests ``lo .. hi-1``; return ``ERROR_VALUE`` when
-    ``options.check`` is set and a value the decision reads is invalid (docs/semantics.md,
-    Validation). Disjoint request ranges may run at once on several threads (the kernel
-    releases the GIL; a request's result depends only on its own inputs).
+def decide(target, drafts, arrays, options, lo, hi, outs):
+    """Fill ``outs`` (token ids, accepted, emitted, reported counts) for requests ``lo ..
+    hi-1``; return ``ERROR_VALUE`` when ``options.check`` is set and a value the decision
+    reads is invalid (docs/semantics.md, Validation). Disjoint request ranges may run at once
+    on several threads (the kernel releases the GIL; a request's result depends only on its
+    own inputs).
 
-    ``rows`` / ``qrows`` empty: the padded layout (request ``i``, position ``j`` is row
-    ``i*(K+1) + min(j, n_i)`` / ``i*K + j``). ``counts`` empty: every request has ``K`` drafts.
-    ``temps`` empty: every request has ``temp_scalar``. Uniforms: ``explicit_u`` if not empty,
-    else the counter hash of a per-request seed and offset (:data:`OPTIONS`). ``bonus`` (empty:
-    drawn here): the caller's token for a request that accepted every draft.
+    ``arrays`` (:data:`ARRAYS`): ``rows`` / ``qrows`` empty: the padded layout (request
+    ``i``, position ``j`` is row ``i*(K+1) + min(j, n_i)`` / ``i*K + j``). ``counts`` empty:
+    every request has ``K`` drafts. ``temps`` empty: every request has ``temp_scalar``.
+    Uniforms: ``uniforms`` if not empty, else the counter hash of a per-request seed and offset
+    (:data:`OPTIONS`). ``bonus`` (empty: drawn here): the caller's token for a request that
+    accepted every draft.
     """
     v_size = target.shape[1]
     scratch = np.empty(v_size, dtype=np.float32)
     scratch_residual = np.empty(v_size, dtype=np.float32)
     sums = np.empty((v_size + DRAW_BLOCK - 1) // DRAW_BLOCK, dtype=np.float64)
+    work = (scratch, scratch_residual, sums)
+    o = options[0]
     error = ERROR_NONE
     for i in range(lo, hi):
-        error = max(error, _one(target, rows, drafts, counts, q, qrows, temps, explicit_u,
-                                seeds, offsets, bonus, options, i, scratch, scratch_residual,
-                                sums, out_tokens, out_accepted, out_emitted, out_counts))
+        error = max(error, _one(target, drafts, arrays, o, i, work, outs))
     return error
 
 
 @numba.njit(**JIT)
-def decide_at(target_address, n_rows, v_size, rows, drafts_address, b, k, counts, q, qrows,
-              temps, explicit_u, seeds, offsets, bonus, options, out_tokens, out_accepted,
-              out_emitted, out_counts):
+def decide_at(target_address, n_rows, v_size, drafts_address, b, k, arrays, options, outs):
     """:func:`decide` on contiguous torch tensors given by address (see :func:`greedy_at`)."""
     target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
     drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
-    return decide(target, rows, drafts, counts, q, qrows, temps, explicit_u, seeds, offsets,
-                  bonus, options, 0, b, out_tokens, out_accepted, out_emitted, out_counts)
+    return decide(target, drafts, arrays, options, 0, b, outs)

@@ -1,7 +1,9 @@
-"""Host-side runtime of the numba kernels: worker threads, host views, the options record.
+"""Host-side runtime of the numba kernels: worker threads, host views, the options record
+and the array tuple a kernel takes.
 
-Why a module of its own: the chain backend (``numba_cpu``) and the tree walk (``numba_tree``)
-both run their kernels through these, and neither may import the other (no import cycles).
+Why a module of its own: the chain backend (``backend.py``) and the tree walk (``tree.py``)
+both run their kernels through these, and the tree module must not import the backend (the
+backend imports the tree module on a tree call).
 """
 
 from __future__ import annotations
@@ -31,10 +33,9 @@ EMPTY_F32_1 = np.empty(0, dtype=np.float32)
 EMPTY_F32_2 = np.empty((0, 0), dtype=np.float32)
 
 PARALLEL_MIN_VALUES = 1 << 21
-"""Target values (``B*K*V``) below which a call stays on the calling thread: a worker must be
-woken and scheduled, which costs tens of microseconds on a quiet machine and milliseconds on
-a loaded one (docs/benchmarks.md, "Threads at serving scale"); 2**21 values take ~1-2 ms at
-one thread."""
+"""Target values (``B*K*V``) below which a call stays on the calling thread: waking and
+scheduling a worker costs more than such a call's whole decision, and far more on a loaded
+machine (docs/benchmarks.md, "Threads at serving scale" and "numba family")."""
 
 ENV_THREADS = "PORTABLE_VERIFY_NUM_THREADS"
 
@@ -71,7 +72,7 @@ CHUNKS_PER_THREAD = 4
 in turn. Why not one range each: right after a torch op at N threads, torch's OpenMP workers
 spin on their cores for a few milliseconds (libgomp's default wait policy), so one of our
 workers can get half a core; with equal halves the call waits for it, with claimed ranges the
-other thread takes more (measured: docs/benchmarks.md, "Threads at serving scale")."""
+other thread takes more (docs/benchmarks.md, "Threads at serving scale")."""
 
 
 def run_split(kernel: Any, b: int, threads: int, before: tuple, after: tuple) -> int:
@@ -102,19 +103,51 @@ def host_array(t: Any, dtype: Any) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
+def call_record(is_logits: bool, all_greedy: bool, typical: TypicalParams | None,
+                check: bool, seed_mode: int = 1, seed_scalar: int = 0, offset_scalar: int = 0,
+                temp_scalar: float = 1.0, atol: float = PROB_SUM_ATOL,
+                q_atol: float = PROB_SUM_ATOL, children: int = 0, max_depth: int = 0
+                ) -> np.ndarray:
+    """A call's options and scalars as the kernels' one record (:data:`chain.OPTIONS`): the
+    one place it is built, for chain, block and tree kernels alike. ``typical``: the
+    parameters of a typical call, else None. Positional on the hot path (keyword
+    dictionaries cost more than a small call's decision)."""
+    scalars = NO_TYPICAL if typical is None else typical.kernel_scalars()
+    return record_of((is_logits, all_greedy, typical is not None, check, seed_mode,
+                      seed_scalar, offset_scalar, temp_scalar, *scalars, atol, q_atol,
+                      children, max_depth))
+
+
 def options_record(*, is_logits: bool, all_greedy: bool = False,
                    typical: TypicalParams | None = None, check: bool = True, seed_mode: int = 1,
                    seed_scalar: int = 0, offset_scalar: int = 0, temp_scalar: float = 1.0,
                    atol: float = PROB_SUM_ATOL, q_atol: float = PROB_SUM_ATOL) -> np.ndarray:
-    """A call's options as the kernel's one record (:data:`numba_kernels.OPTIONS`).
-    ``typical``: the parameters of a typical call, else None."""
-    scalars = NO_TYPICAL if typical is None else typical.kernel_scalars()
-    return record_of((is_logits, all_greedy, typical is not None, check, seed_mode,
-                      seed_scalar, offset_scalar, temp_scalar, *scalars, atol, q_atol))
+    """:func:`call_record` by keyword (host-array entry points, tests, benchmarks)."""
+    return call_record(is_logits, all_greedy, typical, check, seed_mode, seed_scalar,
+                       offset_scalar, temp_scalar, atol, q_atol)
+
+
+def greedy_record(is_logits: bool, check: bool) -> np.ndarray:
+    """The record of an all-greedy call (:func:`call_record`'s, kept per flag pair: the greedy
+    path is the cheapest, and its record is one of four)."""
+    record = _GREEDY.get((is_logits, check))
+    if record is None:
+        record = _GREEDY[(is_logits, check)] = call_record(is_logits, True, None, check)
+    return record
+
+
+def call_arrays(rows: np.ndarray = EMPTY_I64_2, counts: np.ndarray = EMPTY_I64_1,
+                q: np.ndarray = EMPTY_F32_2, qrows: np.ndarray = EMPTY_I64_2,
+                temps: np.ndarray = EMPTY_F32_1, uniforms: np.ndarray = EMPTY_F32_2,
+                seeds: np.ndarray = EMPTY_I64_1, offsets: np.ndarray = EMPTY_I64_1,
+                bonus: np.ndarray = EMPTY_I64_1) -> tuple[np.ndarray, ...]:
+    """The chain kernels' array tuple (:data:`chain.ARRAYS`' order), an array the call leaves
+    out empty, so every call of one dtype combination has one kernel signature."""
+    return rows, counts, q, qrows, temps, uniforms, seeds, offsets, bonus
 
 
 def record_of(fields: tuple[Any, ...]) -> np.ndarray:
-    """The record of ``fields`` (:data:`numba_kernels.OPTIONS`' fields in order), packed with
+    """The record of ``fields`` (:data:`chain.OPTIONS`' fields in order), packed with
     :mod:`struct` and kept per distinct value: ``np.array`` of a tuple costs more than a whole
     small call's decision, and kernels only read records."""
     record = _RECORDS.get(fields)
@@ -139,3 +172,4 @@ def _record_struct(dtype: np.dtype) -> struct.Struct:
 
 _RECORD = _record_struct(kernels.OPTIONS) if kernels is not None else None
 _RECORDS: dict[tuple[Any, ...], np.ndarray] = {}
+_GREEDY: dict[tuple[bool, bool], np.ndarray] = {}

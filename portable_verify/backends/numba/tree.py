@@ -3,9 +3,9 @@
 Why a walk per request: a request's decision reads only the rows on its path (a node's target
 row when the walk enters it, its draft row when it tests children), so a compiled walk reads
 what the numpy reference reads and no more; the torch backend's vectorised steps and SGLang's
-rule read every row or pay ~30 array calls per step. The row passes are numba_chain's own
-(:mod:`numba_math`, :func:`numba_kernels.draw`) in the same order, so a chain (``parents = [-1,
-0, 1, ...]``) gives exactly what ``verify`` gives on ``numba:cpu``.
+rule read every row or pay dozens of array calls per step. The row passes are the chain kernel's own
+(:mod:`rows`, :func:`chain.draw`) in the same order, so a chain (``parents = [-1, 0, 1,
+...]``) gives exactly what ``verify`` gives on ``numba:cpu``.
 
 State at a node: ``w`` (the row the draw reads: the node's ``exp((l - max) / T)`` or ``p``, then
 each latest non-empty residual before normalisation) and ``scale`` (its sum; the tests read
@@ -13,28 +13,31 @@ each latest non-empty residual before normalisation) and ``scale`` (its sum; the
 sampled children write ``max(0, w / scale - q)`` into one of two buffers, so an empty residual
 keeps the previous ``w``. Under ``check`` (``validate=True`` for this backend) the rows it
 reads are checked on the way (``TreeInputs.check_read_values``); the front door words a flag.
+
+The walk takes the chain kernels' shape of arguments: the target, the node ids, the call's
+other arrays as one tuple (:data:`ARRAYS`), the options as the chain's record (its ``children``
+and ``max_depth`` fields are the walk's), the request range and the outputs as one tuple.
 """
 
 from __future__ import annotations
-
-import math
 
 import numba
 import numpy as np
 import torch
 
 from portable_verify.backends.numba.chain import (
-    TEMP_HIGH,
-    TEMP_LOW,
+    _not_a_distribution,
     _softmax_row,
     draw,
     draw_checked,
+    normal_temperature,
+    typical_threshold,
 )
 from portable_verify.backends.numba.host import (
     EMPTY_F32_2,
     HALF,
+    call_record,
     host_array,
-    options_record,
     run_split,
     threads_for,
 )
@@ -43,21 +46,18 @@ from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 from portable_verify.core.tree import TreeInputs
 
 CHILDREN_CODES = {"deterministic": 0, "iid": 1, "without_replacement": 2}
+"""The record's ``children`` field per children rule."""
 
-
-@numba.njit(inline="always", **JIT)
-def _not_distribution(row, atol):
-    """A row read in full that is not a distribution: a negative or NaN entry, or a total not
-    within ``atol`` of 1 (``kernels._is_distribution``'s rule)."""
-    low, has_nan, total = row_stats(row)
-    return not (low >= 0 and not has_nan and total < np.inf and abs(total - 1) <= atol)
+ARRAYS = ("parents", "num_nodes", "q", "temps", "uniforms")
+"""The order of the walk's array tuple: parents ``[B, N]``, node counts ``[B]``, draft rows
+``[B*N, V]``, temperatures ``[B]``, uniforms ``[B, N]``."""
 
 
 @numba.njit(inline="always", **JIT)
 def _children(tokens, parents, i, n, v_size, first, after):
     """Request ``i``'s children lists: ``first[c]`` its lowest-index child, ``after[c]`` the
     next sibling (-1: none). A child lies below ``n``, has a parent before it and an id in
-    ``[0, V)`` (-1 nodes and unvalidated garbage are absent, as in ``numpy_ref_tree``)."""
+    ``[0, V)`` (-1 nodes and unvalidated garbage are absent, as in the numpy family's tree walk)."""
     first[:] = -1
     after[:] = -1
     for c in range(n - 1, 0, -1):  # backwards, so each list ends up in index order
@@ -69,16 +69,17 @@ def _children(tokens, parents, i, n, v_size, first, after):
 
 
 @numba.njit(inline="always", **JIT)
-def _bad_structure(tokens, parents, num_nodes, temps, u, i, v_size, max_depth, is_logits, depth):
+def _bad_structure(tokens, arrays, o, i, v_size, depth):
     """Request ``i``'s ``O(N)`` checks (``core/tree_validation.py``'s, which word a flag):
     ``num_nodes`` in ``[1, N]``, the root's parent -1, parents before children and ids in
     ``[0, V)`` or -1 below ``num_nodes``, no reachable node deeper than ``max_depth``, the
     temperature, the uniforms in ``(0, 1]``. ``depth`` is scratch (-1: not reached)."""
+    parents, num_nodes, _, temps, u = arrays
     n_slots = tokens.shape[1]
     n = num_nodes[i]
     bad = n < 1 or n > n_slots or parents[i, 0] != -1
     t = temps[i]
-    bad = bad or not (t >= 0 and t < np.inf) or (not is_logits and t != 0 and t != 1)
+    bad = bad or not (t >= 0 and t < np.inf) or (not o.is_logits and t != 0 and t != 1)
     if u.shape[0] > 0:
         for j in range(n_slots):
             bad = bad or not (u[i, j] > 0 and u[i, j] <= 1)
@@ -88,25 +89,27 @@ def _bad_structure(tokens, parents, num_nodes, temps, u, i, v_size, max_depth, i
         x = tokens[i, c]
         bad = bad or p < 0 or p >= c or x < -1 or x >= v_size
         depth[c] = depth[p] + 1 if (p >= 0 and p < c and x != -1 and depth[p] >= 0) else -1
-        bad = bad or depth[c] > max_depth
+        bad = bad or depth[c] > o.max_depth
     return bad
 
 
 @numba.njit(**JIT)
-def _greedy_walk(target, tokens, i, n_slots, first, after, max_depth, is_logits, check, path):
+def _greedy_walk(target, tokens, o, i, links, path):
     """``(accepted, final, bad)``: descend into the lowest-index child equal to the row's
-    argmax; the first unmatched argmax is the final token."""
+    argmax; the first unmatched argmax is the final token. ``links``: ``(first, after)``."""
+    first, after = links
+    n_slots = tokens.shape[1]
     node = 0
     depth = 0
     bad = False
     while True:
         row = target[i * n_slots + node]
         g = row_argmax(row)
-        if check:  # the argmax lands on a NaN if the row has one
+        if o.check:  # the argmax lands on a NaN if the row has one
             top = row[g]
-            bad = bad or (is_logits and not (top > -np.inf and top < np.inf))
-            bad = bad or (not is_logits and not (top >= 0 and top < np.inf))
-        c = first[node] if depth < max_depth else -1
+            bad = bad or (o.is_logits and not (top > -np.inf and top < np.inf))
+            bad = bad or (not o.is_logits and not (top >= 0 and top < np.inf))
+        c = first[node] if depth < o.max_depth else -1
         while c >= 0 and tokens[i, c] != g:
             c = after[c]
         if c < 0:
@@ -166,11 +169,16 @@ def _test_children(p, s, p_is_ours, qrow, qbuf, res, tokens, u, i, c, after, mod
 
 
 @numba.njit(**JIT)
-def _sampled_walk(target, q, tokens, i, n_slots, first, after, max_depth, mode, tf, u, o,
-                  scratch, qbuf, res, path):
+def _sampled_walk(target, tokens, arrays, o, i, tf, links, work):
     """``(accepted, final, bad)`` of a sampled request: enter a node (its row's softmax, entropy
     and checks), test its children (typical: the first passing; rejection: the residual
-    rule), descend or finish with the argmax (typical, after a failed test) or a draw."""
+    rule), descend or finish with the argmax (typical, after a failed test) or a draw.
+    ``links``: ``(first, after)``; ``work``: ``(scratch, qbuf, res, path)``."""
+    _, _, q, _, u = arrays
+    first, after = links
+    scratch, qbuf, res, path = work
+    n_slots = tokens.shape[1]
+    mode = o.children
     v = np.float32(u[i, n_slots - 1])
     node = 0
     depth = 0
@@ -185,16 +193,16 @@ def _sampled_walk(target, q, tokens, i, n_slots, first, after, max_depth, mode, 
             bad = bad or bad_row
             p = scratch
         else:
-            bad = bad or (o.check and _not_distribution(row, o.atol))
+            bad = bad or (o.check and _not_a_distribution(row, o.atol))
             if o.typical:
                 h = entropy(row)[0]
-        c = first[node] if depth < max_depth else -1
+        c = first[node] if depth < o.max_depth else -1
         if c < 0:  # a leaf (or the depth cap): a draw from the node's row
             if o.check and not o.is_logits:
                 return depth, draw_checked(p, v, o.atol)[0], bad
             return depth, draw(p, v)[0], bad
         if o.typical:
-            threshold = min(o.eps, o.alpha * math.exp(-h))
+            threshold = typical_threshold(o, h)
             while c >= 0 and not (np.float32(np.float32(p[tokens[i, c]]) / np.float32(s))
                                   > threshold):
                 c = after[c]
@@ -204,7 +212,7 @@ def _sampled_walk(target, q, tokens, i, n_slots, first, after, max_depth, mode, 
             qrow = p
             if mode != 0:
                 qrow = q[i * n_slots + node]
-                bad = bad or (o.check and _not_distribution(qrow, o.q_atol))
+                bad = bad or (o.check and _not_a_distribution(qrow, o.q_atol))
             c, which = _test_children(p, s, o.is_logits, qrow, qbuf, res, tokens, u, i, c,
                                       after, mode)
             if c < 0:
@@ -225,36 +233,37 @@ def _argmax_of(p, is_logits):
 
 
 @numba.njit(**JIT)
-def walk(target, q, tokens, parents, num_nodes, temps, u, mode, max_depth, options, lo, hi,
-         out_tokens, out_nodes, out_accepted):
-    """Fill ``out_*`` for requests ``lo .. hi-1``; returns 1 when ``options.check`` is set and
-    a value the walk reads is invalid. ``target`` / ``q``: flat ``[B*N, V]`` rows (``q`` is
-    a dummy for deterministic children); ``u``: ``[B, N]`` (empty when every row is greedy).
-    Disjoint request ranges may run at once (the kernel releases the GIL)."""
+def walk(target, tokens, arrays, options, lo, hi, outs):
+    """Fill ``outs`` (token ids, node ids, accepted) for requests ``lo .. hi-1``; returns 1
+    when ``options.check`` is set and a value the walk reads is invalid. ``target``: flat
+    ``[B*N, V]`` rows; ``arrays``: :data:`ARRAYS` (``q`` a dummy for deterministic children;
+    ``u`` ``[B, N]``, empty when every row is greedy); the children code and the depth cap are
+    the record's. Disjoint request ranges may run at once (the kernel releases the GIL)."""
     o = options[0]
+    parents, num_nodes, _, temps, _ = arrays
+    out_tokens, out_nodes, out_accepted = outs
     n_slots = tokens.shape[1]
     v_size = target.shape[1]
     first = np.empty(n_slots, dtype=np.int64)
     after = np.empty(n_slots, dtype=np.int64)
     path = np.empty(n_slots, dtype=np.int64)
     scratch = np.empty(v_size, dtype=np.float32)
-    qbuf = np.empty(v_size if mode == 2 else 0, dtype=np.float32)
+    qbuf = np.empty(v_size if o.children == 2 else 0, dtype=np.float32)
     res = np.empty((2, v_size), dtype=np.float32)
+    links = (first, after)
+    work = (scratch, qbuf, res, path)
     error = 0
     for i in range(lo, hi):
         n = min(max(num_nodes[i], 1), n_slots)  # garbage (validate=False) clamped
         _children(tokens, parents, i, n, v_size, first, after)
-        if o.check and _bad_structure(tokens, parents, num_nodes, temps, u, i, v_size,
-                                      max_depth, o.is_logits, path):
+        if o.check and _bad_structure(tokens, arrays, o, i, v_size, path):
             error = 1
         t = np.float64(temps[i])
         if o.all_greedy or t == 0:
-            a, final, bad = _greedy_walk(target, tokens, i, n_slots, first, after, max_depth,
-                                         o.is_logits, o.check, path)
+            a, final, bad = _greedy_walk(target, tokens, o, i, links, path)
         else:
-            tf = np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
-            a, final, bad = _sampled_walk(target, q, tokens, i, n_slots, first, after,
-                                          max_depth, mode, tf, u, o, scratch, qbuf, res, path)
+            a, final, bad = _sampled_walk(target, tokens, arrays, o, i, normal_temperature(t),
+                                          links, work)
         error = max(error, 1 if bad else 0)
         out_accepted[i] = a
         for j in range(out_tokens.shape[1]):
@@ -273,17 +282,17 @@ def tree_arrays(inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                         np.float32)
     mode = CHILDREN_CODES[inputs.children]
     q = target if q is None or mode == 0 else host_array(q.detach().float(), np.float32)
-    record = options_record(is_logits=inputs.target_is_logits, all_greedy=inputs.all_greedy,
-                            typical=inputs.typical if inputs.sampled_method == "typical" else None,
-                            check=inputs.check_read_values, atol=atol, q_atol=q_atol)
-    u = EMPTY_F32_2 if inputs.uniforms is None else host_array(inputs.uniforms, np.float32)
     width = inputs.width
-    tokens = np.empty((b, width), dtype=np.int64)
-    nodes = np.empty((b, width), dtype=np.int64)
-    accepted = np.empty(b, dtype=np.int64)
-    error = run_split(walk, b, threads_for(b * v * 2, b), (
-        target, q, host_array(inputs.node_token_ids, np.int64),
-        host_array(inputs.parents, np.int64), host_array(inputs.num_nodes, np.int64),
-        host_array(inputs.temperature, np.float32), u, mode, width - 1, record),
-        (tokens, nodes, accepted))
-    return tokens, nodes, accepted, error == 0
+    record = call_record(inputs.target_is_logits, inputs.all_greedy,
+                         inputs.typical if inputs.sampled_method == "typical" else None,
+                         inputs.check_read_values, atol=atol, q_atol=q_atol, children=mode,
+                         max_depth=width - 1)
+    u = EMPTY_F32_2 if inputs.uniforms is None else host_array(inputs.uniforms, np.float32)
+    arrays = (host_array(inputs.parents, np.int64), host_array(inputs.num_nodes, np.int64), q,
+              host_array(inputs.temperature, np.float32), u)
+    outs = (np.empty((b, width), dtype=np.int64), np.empty((b, width), dtype=np.int64),
+            np.empty(b, dtype=np.int64))
+    error = run_split(walk, b, threads_for(b * v * 2, b),
+                      (target, host_array(inputs.node_token_ids, np.int64), arrays, record),
+                      (outs,))
+    return outs[0], outs[1], outs[2], error == 0
