@@ -8,6 +8,9 @@ FLOAT32_TINY = 1.1754943508222875e-38
 FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: the upper clamp of a temperature."""
 
+FLOAT32_LOWEST = -FLOAT32_MAX
+"""The most negative finite float32: the lower clamp of ``z - max z`` in an entropy's terms."""
+
 DRAW_BLOCK = 256
 """Weights per block of a draw's two-level search (block sums, then a scan in one block)."""
 
