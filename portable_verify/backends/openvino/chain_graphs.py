@@ -342,16 +342,24 @@ def _sampled(
         recovered, _ = first_argmax(p_a, inp["block"])
         return accepted, ops.select(rejected, recovered, inverse_cdf_draw(p_a, v))
 
+    return accepted, _rejection_draw(variant, inp, accepted, rejected, p_a, v)
+
+
+def _rejection_draw(variant: Variant, inp: dict[str, Node], accepted: Node, rejected: Node,
+                    p_a: Node, v: Node) -> Node:
+    """Rejection's final token: a draw from ``max(p_a - q_a, 0)`` where a draft was rejected
+    and that residual is not empty, else from ``p_a`` (the bonus row, or an empty residual)."""
+    drafts = inp["draft_token_ids"]
+    k, vocab = _dim(drafts, 1), _dim(p_a, 1)
     a_draft = ops.minimum(accepted, ops.subtract(k, _i64(1)))
     if variant.has_draft_probs:
         q_row = _squeeze_col(_take(inp["draft_rows"], a_draft))
         q_a = ops.gather(inp["draft_probs"], q_row, _i64(0))
     else:
-        x_a = _take(inp["draft_token_ids"], a_draft)  # [B, 1]; out of vocabulary: q_a = 0
+        x_a = _take(drafts, a_draft)  # [B, 1]; out of vocabulary: q_a = 0
         q_a = ops.convert(ops.equal(ops.unsqueeze(_iota(vocab), _i64(0)), x_a), "f32")
     residual = ops.maximum(ops.subtract(p_a, q_a), _f32(0.0))
     non_empty = ops.reduce_logical_or(ops.greater(residual, _f32(0.0)), _i64([1]), True)
     use_residual = ops.logical_and(_col(rejected), non_empty)
-    weights = ops.select(use_residual, residual, p_a)
-    return accepted, inverse_cdf_draw(weights, v)
+    return inverse_cdf_draw(ops.select(use_residual, residual, p_a), v)
 
