@@ -292,14 +292,17 @@ def test_the_scalar_record_carries_blocks_float32_cannot_hold() -> None:
     from portable_verify.backends.openvino.record import argmax_block, call_scalars
     from portable_verify.core.types import DEFAULT_TYPICAL
 
-    scalars = ops.parameter(ov.PartialShape([-1]), ov.Type.f32, name="scalars")
-    model = ov.Model([ops.result(block_size(scalars))], [scalars], "block_size")
-    request = ov.Core().compile_model(model, "CPU").create_infer_request()
+    def build() -> ov.Model:
+        scalars = ops.parameter(ov.PartialShape([-1]), ov.Type.f32, name="scalars")
+        return ov.Model([ops.result(block_size(scalars))], [scalars], "block_size")
+
+    backend = OpenVINOBackend()  # compiled as the backend compiles every graph
     prime = 16_777_259  # > 2**24 and prime: its argmax block is itself
     assert int(np.float32(prime)) != prime
     for vocab in (1, 257, 32000, 128256, prime):
         block = argmax_block(vocab)
-        got = request.infer([call_scalars(vocab, DEFAULT_TYPICAL)])[0]
+        (got,) = backend.infer("test: block_size", [call_scalars(vocab, DEFAULT_TYPICAL)],
+                               build=build)
         assert int(got) == block, (vocab, block, got)
 
 

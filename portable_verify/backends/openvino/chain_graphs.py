@@ -108,7 +108,12 @@ def _scalar(scalars: Node, index: int) -> Node:
 
 
 def block_size(scalars: Node) -> Node:
-    """The argmax block (scalar i64), rebuilt exactly from its two float32 parts."""
+    """The argmax block (scalar i64), rebuilt exactly from its two float32 parts.
+
+    Why each part is converted on its own before the integer arithmetic: the CPU plugin runs a
+    converted vector's multiply-and-sum, and an i64 division by a converted value, in float32,
+    which rounds blocks above ``2**24`` (the record's test holds this form to a prime above it).
+    """
     high, low = (ops.convert(_scalar(scalars, i), "i64")
                  for i in (record.BLOCK_HIGH, record.BLOCK_LOW))
     return ops.add(ops.multiply(high, _i64(record.BLOCK_RADIX)), low)
