@@ -253,3 +253,74 @@ def test_inference_precision_is_f32() -> None:
 
     compiled = get_backend(BACKEND).compiled_model(Variant("greedy"))
     assert compiled.get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32
+
+
+# (eps, alpha) -> is the draft (p = 0.3 under a row of entropy H ~ 1.168, exp(-H) ~ 0.311)
+# accepted: eps binds in the first two, alpha in the last two.
+TYPICAL_CASES = [((0.2, 10.0), True), ((0.4, 10.0), False), ((0.9, 0.5), True),
+                 ((0.9, 1.2), False)]
+
+
+@pytest.mark.parametrize("layout", ["chain", "tree"])
+def test_typical_parameters_reach_every_graph_family(layout: str) -> None:
+    """eps and alpha travel in the call's scalar record to the chain and the tree graphs: each
+    of them alone flips the decision, and OpenVINO agrees with the expected answer (and the
+    reference) in every case, so a graph that read a wrong entry or a default would fail."""
+    p = np.array([0.5, 0.3, 0.1, 0.1], np.float32)
+    for (eps, alpha), accepted in TYPICAL_CASES:
+        kwargs = dict(method="typical", typical_eps=eps, typical_alpha=alpha, seed=0)
+        got = []
+        for backend in (BACKEND, "numpy"):
+            if layout == "chain":
+                res = pv.verify(np.array([[1]]), target_probs=np.tile(p, (1, 2, 1)),
+                                backend=backend, **kwargs)
+            else:
+                res = pv.verify_tree(np.array([[0, 1]]), np.array([[-1, 0]]),
+                                     target_probs=np.tile(p, (1, 2, 1)), backend=backend,
+                                     **kwargs)
+            got.append(int(np.asarray(res.num_accepted)[0]))
+        assert got == [int(accepted)] * 2, (eps, alpha, got)
+
+
+def test_the_scalar_record_carries_blocks_float32_cannot_hold() -> None:
+    """The argmax block travels in a float32 record as two parts; the graph rebuilds it
+    exactly even where float32 itself would round it (negative control: it does round)."""
+    import openvino as ov
+    import openvino.opset13 as ops
+
+    from portable_verify.backends.openvino.chain_graphs import block_size
+    from portable_verify.backends.openvino.record import argmax_block, call_scalars
+    from portable_verify.core.types import DEFAULT_TYPICAL
+
+    def build() -> ov.Model:
+        scalars = ops.parameter(ov.PartialShape([-1]), ov.Type.f32, name="scalars")
+        return ov.Model([ops.result(block_size(scalars))], [scalars], "block_size")
+
+    backend = OpenVINOBackend()  # compiled as the backend compiles every graph
+    prime = 16_777_259  # > 2**24 and prime: its argmax block is itself
+    assert int(np.float32(prime)) != prime
+    for vocab in (1, 257, 32000, 128256, prime):
+        block = argmax_block(vocab)
+        (got,) = backend.infer("test: block_size", [call_scalars(vocab, DEFAULT_TYPICAL)],
+                               build=build)
+        assert int(got) == block, (vocab, block, got)
+
+
+def test_every_graph_takes_its_per_call_scalars_as_one_record() -> None:
+    """No compiled chain or tree graph has a scalar (rank-0) input or more than one input
+    named ``scalars``: the per-call scalars reach each graph as the one record."""
+    backend = get_backend(BACKEND)
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal((2, 3, 300)).astype(np.float32)
+    drafts, nodes = rng.integers(0, 300, (2, 2)), rng.integers(0, 300, (2, 3))
+    parents = np.array([[-1, 0, 0], [-1, 0, 1]])
+    for method in ("greedy", "rejection", "typical", "block"):
+        pv.verify(drafts, target_logits=logits, method=method, seed=1, backend=BACKEND)
+    for method in ("greedy", "rejection", "typical"):
+        pv.verify_tree(nodes, parents, target_logits=logits, method=method, seed=1,
+                       backend=BACKEND)
+    assert len(backend._compiled) >= 8
+    for key, model in backend._compiled.items():
+        inputs = model.inputs
+        assert all(port.get_partial_shape().rank.get_length() > 0 for port in inputs), key
+        assert sum("scalars" in port.get_names() for port in inputs) <= 1, key

@@ -9,8 +9,7 @@ FLOAT32_MAX = 3.4028234663852886e38
 """The largest float32: the upper clamp of a temperature."""
 
 FLOAT32_LOWEST = -FLOAT32_MAX
-"""The most negative finite float32: a clamp that keeps ``0 * x`` a number where ``x`` may be
-``-inf`` (an entropy term of a zero probability)."""
+"""The most negative finite float32: the lower clamp of ``z - max z`` in an entropy's terms."""
 
 DRAW_BLOCK = 256
 """Weights per block of a draw's two-level search (block sums, then a scan in one block)."""

@@ -54,7 +54,7 @@ class TypicalParams:
 
     def kernel_scalars(self) -> tuple[float, float]:
         """``(eps, alpha)``: the order in which compiled kernels take the parameters (numba's
-        options record, Triton's scalar arguments, OpenVINO's ``typical`` graph input), whose
+        options record, Triton's scalar arguments, OpenVINO's ``scalars`` graph record), whose
         own code then applies :meth:`threshold`'s rule."""
         return self.eps, self.alpha
 

@@ -80,12 +80,13 @@ def _config_study(drafts: torch.Tensor, logits: torch.Tensor, reps: int) -> None
     import openvino as ov
 
     from portable_verify.backends.openvino import chain_graphs as graphs
-    from portable_verify.backends.openvino.backend import argmax_block
+    from portable_verify.backends.openvino.record import call_scalars
+    from portable_verify.core.types import DEFAULT_TYPICAL
 
     b, k1, v = logits.shape
     rows = (np.arange(b)[:, None] * k1 + np.arange(k1)).astype(np.int64)
     feed = [logits.reshape(-1, v).numpy(), rows, drafts.numpy(), np.full(b, k1 - 1, np.int64),
-            np.array(argmax_block(v), np.int64)]
+            call_scalars(v, DEFAULT_TYPICAL)]
     core = ov.Core()
     base = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1}
 

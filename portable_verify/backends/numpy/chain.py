@@ -11,6 +11,7 @@ from collections.abc import Callable
 import numpy as np
 
 from portable_verify.core import methods
+from portable_verify.core.constants import FLOAT32_MAX, FLOAT32_TINY
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, TypicalParams, VerifyInputs
 
 
@@ -19,15 +20,11 @@ def first_argmax(row: np.ndarray) -> int:
     return int(np.argmax(row))
 
 
-FLOAT32_TINY = np.float32(np.finfo(np.float32).tiny)  # smallest normal float32, 2**-126
-FLOAT32_MAX = np.float32(np.finfo(np.float32).max)
-
-
 def effective_temperature(temperature: float) -> np.float32:
     """``T`` clamped into the normal float32 range: ``+inf`` acts as the largest float32 and a
     positive ``T`` below ``2**-126`` as ``2**-126``, so no device's flush-to-zero or overflow
     changes the answer (both give the limit law of docs/semantics.md)."""
-    return np.clip(np.float32(temperature), FLOAT32_TINY, FLOAT32_MAX)
+    return np.clip(np.float32(temperature), np.float32(FLOAT32_TINY), np.float32(FLOAT32_MAX))
 
 
 def softmax(logits: np.ndarray, temperature: float) -> np.ndarray:

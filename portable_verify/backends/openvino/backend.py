@@ -3,7 +3,9 @@
 ``backend="openvino"`` runs on the CPU plugin; ``"openvino:GPU"``, ``"openvino:NPU"`` (or any
 name in ``openvino.Core().available_devices``) pick another device. Each graph variant is
 compiled once per backend instance, with dynamic shapes, and keeps one infer request, so many
-small calls pay only the inference itself. The graphs live in :mod:`.chain_graphs`.
+small calls pay only the inference itself. The token-wise graphs live in :mod:`.chain_graphs`,
+block verification in :mod:`.block`, trees in :mod:`.tree`; the per-call scalars every graph
+reads are one record (:mod:`.record`).
 
 ``openvino`` is imported lazily: importing this module never fails, and ``availability()``
 says why the backend cannot run when the package is missing or the device is absent.
@@ -11,8 +13,6 @@ says why the backend cannot run when the package is missing or the device is abs
 
 from __future__ import annotations
 
-import functools
-import math
 import os
 import threading
 from collections.abc import Callable
@@ -21,28 +21,15 @@ from typing import Any
 import numpy as np
 
 from portable_verify.backends.base import Availability, Backend, BackendTraits
+from portable_verify.backends.openvino.record import argmax_block, call_scalars
 from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
-from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, TypicalParams, VerifyInputs
+from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
+
+__all__ = ["OpenVINOBackend", "argmax_block"]
 
 DEFAULT_DEVICE = "CPU"
 ENV_THREADS = "PORTABLE_VERIFY_OPENVINO_THREADS"
-_PREFERRED_BLOCK = 256  # smallest argmax block worth its ReduceMax pass (see chain_graphs)
-
-
-@functools.lru_cache(maxsize=64)
-def argmax_block(vocab: int) -> int:
-    """The argmax block size for ``vocab``: its smallest divisor >= 256 (or ``vocab``).
-
-    Blocks narrower than ~256 make the blocked ReduceMax slow; wider ones only grow the
-    ``[R, block]`` second stage. A prime vocabulary gets one block: correct, but that stage then
-    reads whole rows.
-    """
-    divisors = set()
-    for d in range(1, math.isqrt(vocab) + 1):
-        if vocab % d == 0:
-            divisors.update((d, vocab // d))
-    return min(d for d in divisors if d >= min(vocab, _PREFERRED_BLOCK))
 
 
 CHAIN_RULES = ("rejection", "typical", "block")
@@ -120,7 +107,7 @@ class OpenVINOBackend(Backend):
         when given, else as a ``chain_graphs.Variant``."""
         model = self._compiled.get(variant)
         if model is None:
-            from portable_verify.backends.openvino import chain_graphs as openvino_graphs
+            from portable_verify.backends.openvino import chain_graphs
 
             devices = self._available_devices()
             if not _device_present(self.device, devices):
@@ -129,7 +116,7 @@ class OpenVINOBackend(Backend):
                     f"available devices: {devices}"
                 )
             core = self._get_core()
-            graph = build() if build is not None else openvino_graphs.build(variant)
+            graph = build() if build is not None else chain_graphs.build(variant)
             model = core.compile_model(graph, self.device, self._compile_config())
             self._compiled[variant] = model
             self._requests[variant] = model.create_infer_request()
@@ -140,9 +127,9 @@ class OpenVINOBackend(Backend):
         """Run the graph of ``variant`` on ``arrays`` (its inputs, in order); its outputs.
 
         Every input is shared (zero-copy): copying into the request's own dynamic-shape
-        buffers measured slower (docs/backends.md), and mixing shared and copied inputs on
-        one request is a known CPU-plugin pitfall. Setting the tensors directly skips the
-        Python ``infer(dict)`` dispatcher's per-call cost (docs/backends.md).
+        buffers is slower (docs/benchmarks.md, "OpenVINO"), and mixing shared and copied inputs
+        on one request is a known CPU-plugin pitfall. Setting the tensors directly skips the
+        Python ``infer(dict)`` dispatcher's per-call cost.
         """
         from openvino import Tensor
 
@@ -163,8 +150,8 @@ class OpenVINOBackend(Backend):
 
     def _compile_config(self) -> dict[str, Any]:
         """f32 precision (the CPU plugin would pick bf16 on AVX-512 BF16 parts), latency hint,
-        and no CPU pinning: a pinned call cannot migrate off a busy core, which on a shared host
-        tripled the median latency (docs/backends.md)."""
+        and no CPU pinning: a pinned call cannot migrate off a busy core, so on a shared host it
+        waits for that core (docs/benchmarks.md, "OpenVINO")."""
         supported = set(self._get_core().get_property(self.device, "SUPPORTED_PROPERTIES"))
         wanted: dict[str, Any] = {
             "INFERENCE_PRECISION_HINT": "f32",
@@ -196,16 +183,13 @@ class OpenVINOBackend(Backend):
             tokens = np.ascontiguousarray(tokens[:, :1])
         return tokens, accepted
 
-
     def run_tree(self, inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        from portable_verify.backends.openvino.tree import Scalars, verify_tree_openvino
+        from portable_verify.backends.openvino.tree import verify_tree_openvino
 
         inputs.check_layout()
         if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:
             raise methods.unknown_rule(inputs.sampled_method, self.qualified_name, methods.TREE)
-        scalars = Scalars(np.array(argmax_block(inputs.vocab_size), np.int64),
-                          typical_arrays(inputs.typical))
-        return verify_tree_openvino(self, inputs, scalars)
+        return verify_tree_openvino(self, inputs, call_scalars(inputs.vocab_size, inputs.typical))
 
 
 def _variant(inputs: VerifyInputs, has_draft_probs: bool) -> Any:
@@ -226,12 +210,6 @@ def _variant(inputs: VerifyInputs, has_draft_probs: bool) -> Any:
 def _device_present(device: str, devices: list[str]) -> bool:
     """``GPU`` matches ``GPU`` and ``GPU.0``; ``GPU.1`` must be listed itself."""
     return any(d == device or d.split(".", 1)[0] == device for d in devices)
-
-
-def typical_arrays(typical: TypicalParams) -> list[np.ndarray]:
-    """The typical threshold's parameters as the tree graphs' float32 scalar inputs, in
-    :meth:`TypicalParams.kernel_scalars` order (eps, alpha)."""
-    return [np.array(value, np.float32) for value in typical.kernel_scalars()]
 
 
 def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:
@@ -255,15 +233,12 @@ def _graph_arrays(inputs: VerifyInputs) -> dict[str, np.ndarray]:
         "target_rows": np.ascontiguousarray(rows, np.int64),
         "draft_token_ids": np.ascontiguousarray(drafts, np.int64),
         "num_draft_tokens": np.ascontiguousarray(inputs.num_draft_tokens, np.int64),
-        "block": np.array(argmax_block(int(inputs.target.shape[-1])), np.int64),
+        "scalars": call_scalars(int(inputs.target.shape[-1]), inputs.options.typical),
     }
     if u is not None:
         arrays["uniforms"] = np.ascontiguousarray(u, np.float32)
         arrays["temperature"] = np.ascontiguousarray(inputs.temperature, np.float32)
-        arrays["typical"] = np.array(inputs.options.typical.kernel_scalars(), np.float32)
     if q is not None:
         arrays["draft_probs"] = np.ascontiguousarray(q, np.float32)
         arrays["draft_rows"] = np.ascontiguousarray(inputs.draft_rows, np.int64)
     return arrays
-
-

@@ -2,7 +2,9 @@
 
 Rows are normalised as the token-wise graphs do (``p = e / s`` with ``e = exp((l - max) / T)``
 from logits) and every index from caller data is clamped, for the reasons given in
-:mod:`.chain_graphs`. Shapes are dynamic; the host guarantees ``B >= 1`` and ``K >= 1``.
+:mod:`.chain_graphs`. Shapes are dynamic; the host guarantees ``B >= 1`` and ``K >= 1``. These
+graphs read no per-call scalar (no argmax block, no typical parameter), so they take no
+``scalars`` record.
 """
 
 from __future__ import annotations
@@ -11,8 +13,6 @@ import openvino as ov
 import openvino.opset13 as ops
 
 from portable_verify.backends.openvino.chain_graphs import (
-    FLOAT32_MAX,
-    FLOAT32_TINY,
     Node,
     _clamp_index,
     _col,
@@ -22,18 +22,12 @@ from portable_verify.backends.openvino.chain_graphs import (
     _iota,
     _row_temperatures,
     inverse_cdf_draw,
+    safe_temperature,
 )
 
 
 def _param(name: str, shape: list[int], dtype: ov.Type) -> ov.Node:
     return ops.parameter(ov.PartialShape(shape), dtype, name=name)
-
-
-def safe_temperature(temp: Node) -> Node:
-    """``T`` clamped into the normal float32 range as the reference does; 1 where ``T <= 0``
-    (greedy rows, whose sampled answer is discarded)."""
-    normal_t = ops.minimum(ops.maximum(temp, _f32(FLOAT32_TINY)), _f32(FLOAT32_MAX))
-    return ops.select(ops.greater(temp, _f32(0.0)), normal_t, _f32(1.0))
 
 
 def normalised_rows(rows: Node, temp: Node | None) -> Node:

@@ -5,11 +5,13 @@ without draft probabilities, with or without greedy rows mixed in). B, K, V and 
 target rows are dynamic, so one compiled model serves every call of its variant.
 
 Graph inputs, in order (see :func:`input_names`): the flat-rows layout of
-:class:`~portable_verify.core.types.VerifyInputs` plus ``block``, a divisor of V chosen on the
-host: the argmax reads the target as ``[R, V/block, block]`` blocks so that it is one
-``ReduceMax`` pass followed by work on ``[R, V/block]`` and ``[R, block]`` only (a full-row
-``TopK`` or ``Equal``/``Select``/``ReduceMin`` pass alone costs more than the whole blocked graph
-on the CPU plugin: docs/backends.md).
+:class:`~portable_verify.core.types.VerifyInputs` plus ``scalars``, the call's scalar record
+(:mod:`.record`: the argmax block and the typical parameters), read by :func:`block_size` and
+:func:`typical_threshold`, the helpers every graph family shares. The block is a divisor of V
+chosen on the host: the argmax reads the target as ``[R, V/block, block]`` blocks so that it is
+one ``ReduceMax`` pass followed by work on ``[R, V/block]`` and ``[R, block]`` only (a full-row
+``TopK`` or ``Equal``/``Select``/``ReduceMin`` pass alone costs more than the whole blocked
+graph on the CPU plugin: docs/benchmarks.md, "OpenVINO").
 
 The host guarantees ``B >= 1`` and ``K >= 1`` (it pads ``K = 0`` to one unused position), so no
 tensor in the graph has a zero-sized dimension.
@@ -28,9 +30,10 @@ import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
+from portable_verify.backends.openvino import record
+from portable_verify.core.constants import DRAW_BLOCK, FLOAT32_LOWEST, FLOAT32_MAX, FLOAT32_TINY
+
 Node = ov.Output | ov.Node
-FLOAT32_TINY = float(np.finfo(np.float32).tiny)  # smallest normal float32
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -45,12 +48,10 @@ class Variant:
 
 def input_names(variant: Variant) -> tuple[str, ...]:
     """Names of the graph inputs, in order; the host feeds arrays in the same order."""
-    names = ["target", "target_rows", "draft_token_ids", "num_draft_tokens", "block"]
+    names = ["target", "target_rows", "draft_token_ids", "num_draft_tokens", "scalars"]
     if variant.kind == "greedy":
         return tuple(names)
     names += ["temperature", "uniforms"]
-    if variant.kind == "typical":
-        names += ["typical"]
     if variant.has_draft_probs:
         names += ["draft_probs", "draft_rows"]
     return tuple(names)
@@ -61,10 +62,9 @@ _INPUT_TYPES: dict[str, tuple[list[int], ov.Type]] = {
     "target_rows": ([-1, -1], ov.Type.i64),
     "draft_token_ids": ([-1, -1], ov.Type.i64),
     "num_draft_tokens": ([-1], ov.Type.i64),
-    "block": ([], ov.Type.i64),
+    "scalars": ([-1], ov.Type.f32),  # record.call_scalars
     "temperature": ([-1], ov.Type.f32),
     "uniforms": ([-1, -1], ov.Type.f32),
-    "typical": ([2], ov.Type.f32),  # TypicalParams.kernel_scalars(): (eps, alpha)
     "draft_probs": ([-1, -1], ov.Type.f32),
     "draft_rows": ([-1, -1], ov.Type.i64),
 }
@@ -102,6 +102,55 @@ def _squeeze_col(x: Node) -> Node:
     return ops.squeeze(x, _i64([1]))
 
 
+def _scalar(scalars: Node, index: int) -> Node:
+    """Entry ``index`` of the call's scalar record, as a float32 scalar."""
+    return ops.gather(scalars, _i64(index), _i64(0))
+
+
+def block_size(scalars: Node) -> Node:
+    """The argmax block (scalar i64), rebuilt exactly from its two float32 parts.
+
+    Why each part is converted on its own before the integer arithmetic: the CPU plugin runs a
+    converted vector's multiply-and-sum, and an i64 division by a converted value, in float32,
+    which rounds blocks above ``2**24`` (the record's test holds this form to a prime above it).
+    """
+    high, low = (ops.convert(_scalar(scalars, i), "i64")
+                 for i in (record.BLOCK_HIGH, record.BLOCK_LOW))
+    return ops.add(ops.multiply(high, _i64(record.BLOCK_RADIX)), low)
+
+
+def typical_threshold(entropy: Node, scalars: Node) -> Node:
+    """``min(eps, alpha * exp(-H))`` for entropies ``H``: the typical threshold, written once
+    for every graph family (:meth:`TypicalParams.threshold`'s rule, on the record's
+    parameters)."""
+    eps, alpha = (_scalar(scalars, record.TYPICAL + i) for i in range(2))
+    return ops.minimum(eps, ops.multiply(alpha, ops.exp(ops.negative(entropy))))
+
+
+def entropy_from_logits(e: Node, zm: Node, s: Node) -> Node:
+    """``H [R]`` of the rows ``p = e / s`` with ``e = exp(zm)``, as ``log s - sum(e zm) / s``.
+
+    Why this form: the CPU plugin's ``Log`` is a slow reference kernel, so only ``[R]`` logs
+    are taken. A ``-inf`` logit has ``e = 0``; clamping ``zm`` to the lowest float makes its
+    term 0, not NaN.
+    """
+    e_zm = ops.multiply(e, ops.maximum(zm, _f32(FLOAT32_LOWEST)))
+    return ops.subtract(ops.log(s), ops.divide(ops.reduce_sum(e_zm, _i64([1]), False), s))
+
+
+def entropy_of_probs(p: Node) -> Node:
+    """``H [R] = -sum p log p`` of probability rows, with ``0 log 0 = 0``."""
+    plogp = ops.select(ops.greater(p, _f32(0.0)), ops.multiply(p, ops.log(p)), _f32(0.0))
+    return ops.negative(ops.reduce_sum(plogp, _i64([1]), False))
+
+
+def safe_temperature(temp: Node) -> Node:
+    """``T`` clamped into the normal float32 range as the reference does (+inf -> the largest
+    float); 1 where ``T <= 0`` (greedy rows, whose sampled answer is discarded)."""
+    normal_t = ops.minimum(ops.maximum(temp, _f32(FLOAT32_TINY)), _f32(FLOAT32_MAX))
+    return ops.select(ops.greater(temp, _f32(0.0)), normal_t, _f32(1.0))
+
+
 def first_argmax(x: Node, block: Node) -> tuple[Node, Node]:
     """``(argmax [R] i64, max [R, 1])`` of ``x [R, V]``; ties -> lowest index.
 
@@ -134,17 +183,14 @@ def leading_accepted(ok: Node, n: Node) -> Node:
     return ops.minimum(ops.reduce_min(first_fail, _i64([1]), False), n)
 
 
-DRAW_BLOCK = 256
-"""Block length of the two-level prefix sum in :func:`inverse_cdf_draw`."""
-
-
 def inverse_cdf_draw(weights: Node, v: Node) -> Node:
     """Per row, the smallest ``t`` with ``cumsum(w)[t] >= v * cumsum(w)[-1]``: int64 [B].
 
-    The CPU plugin runs float64 as float32, and one float32 scan over ``V = 128k`` drifts by
-    ~1e-5 (a fifth of draws would move to a neighbour of the float64 reference pick). So the
-    prefix sum is two-level: an exclusive scan over ``DRAW_BLOCK``-sized block sums plus a scan
-    inside each block, ~500 + 256 additions deep instead of 128k. Counting ``cumsum <
+    The CPU plugin runs float64 as float32, and one float32 scan over ``V = 128k`` drifts far
+    enough to move a share of draws to a neighbour of the float64 reference pick
+    (docs/backends.md, "Graphs"). So the prefix sum is two-level: an exclusive scan over
+    ``DRAW_BLOCK``-sized block sums plus a scan inside each block, ~500 + 256 additions deep
+    instead of 128k. Counting ``cumsum <
     threshold`` equals the index because the prefix sums of non-negative weights never decrease.
     """
     vocab = _dim(weights, 1)
@@ -184,6 +230,7 @@ def build(variant: Variant) -> ov.Model:
     # (validate=False) gathers in bounds: an out-of-range index makes the CPU plugin raise
     # mid-inference and leaves the infer request unusable for later calls.
     inp = dict(params)
+    inp["block"] = block_size(params["scalars"])
     inp["target_rows"] = _clamp_index(params["target_rows"], _dim(params["target"], 0))
     if "draft_rows" in params:
         inp["draft_rows"] = _clamp_index(params["draft_rows"], _dim(params["draft_probs"], 0))
@@ -222,10 +269,8 @@ def _clamp_index(index: Node, size: Node) -> Node:
 
 
 def _row_temperatures(temp: Node, rows: Node, target: Node) -> Node:
-    """``[R]``: each target row's request temperature, clamped into the normal float32 range as
-    the reference does (+inf -> the largest float; 1 on greedy rows, whose draw is unused)."""
-    normal_t = ops.minimum(ops.maximum(temp, _f32(FLOAT32_TINY)), _f32(FLOAT32_MAX))
-    safe_t = ops.select(ops.greater(temp, _f32(0.0)), normal_t, _f32(1.0))
+    """``[R]``: each target row's request temperature, as :func:`safe_temperature` clamps it."""
+    safe_t = safe_temperature(temp)
     return ops.scatter_nd_update(
         ops.broadcast(_f32(1.0), ops.unsqueeze(_dim(target, 0), _i64(0))),
         ops.reshape(rows, _i64([-1, 1]), False),
@@ -267,14 +312,7 @@ def _sampled(
             return ops.divide(ops.gather(e, r, _i64(0)), _col(ops.gather(s, r, _i64(0))))
 
         if variant.kind == "typical":
-            # H = -sum p log p with log p = (z - max z) - log s: the CPU plugin's Log is a slow
-            # reference kernel, so only [R] logs are taken here. A -inf logit
-            # has e = 0; clamping z - max z to the lowest float makes its term 0, not NaN.
-            lowest = _f32(float(np.finfo(np.float32).min))
-            e_zm = ops.multiply(e, ops.maximum(zm, lowest))
-            entropy = ops.subtract(
-                ops.log(s), ops.divide(ops.reduce_sum(e_zm, _i64([1]), False), s)
-            )
+            entropy = entropy_from_logits(e, zm, s)
     else:
         px = ops.gather(ops.reshape(target, _i64([-1]), False), flat_target_index, _i64(0))
 
@@ -282,15 +320,10 @@ def _sampled(
             return ops.gather(target, r, _i64(0))
 
         if variant.kind == "typical":
-            plogp = ops.select(
-                ops.greater(target, _f32(0.0)), ops.multiply(target, ops.log(target)), _f32(0.0)
-            )
-            entropy = ops.negative(ops.reduce_sum(plogp, _i64([1]), False))  # [R]
+            entropy = entropy_of_probs(target)
 
     if variant.kind == "typical":
-        h = ops.gather(entropy, rows_k, _i64(0))
-        eps, alpha = (ops.gather(inp["typical"], _i64(i), _i64(0)) for i in (0, 1))
-        threshold = ops.minimum(eps, ops.multiply(alpha, ops.exp(ops.negative(h))))
+        threshold = typical_threshold(ops.gather(entropy, rows_k, _i64(0)), inp["scalars"])
         accept = ops.greater(px, threshold)
     else:
         if variant.has_draft_probs:
@@ -314,16 +347,24 @@ def _sampled(
         recovered, _ = first_argmax(p_a, inp["block"])
         return accepted, ops.select(rejected, recovered, inverse_cdf_draw(p_a, v))
 
+    return accepted, _rejection_draw(variant, inp, accepted, rejected, p_a, v)
+
+
+def _rejection_draw(variant: Variant, inp: dict[str, Node], accepted: Node, rejected: Node,
+                    p_a: Node, v: Node) -> Node:
+    """Rejection's final token: a draw from ``max(p_a - q_a, 0)`` where a draft was rejected
+    and that residual is not empty, else from ``p_a`` (the bonus row, or an empty residual)."""
+    drafts = inp["draft_token_ids"]
+    k, vocab = _dim(drafts, 1), _dim(p_a, 1)
     a_draft = ops.minimum(accepted, ops.subtract(k, _i64(1)))
     if variant.has_draft_probs:
         q_row = _squeeze_col(_take(inp["draft_rows"], a_draft))
         q_a = ops.gather(inp["draft_probs"], q_row, _i64(0))
     else:
-        x_a = _take(inp["draft_token_ids"], a_draft)  # [B, 1]; out of vocabulary: q_a = 0
+        x_a = _take(drafts, a_draft)  # [B, 1]; out of vocabulary: q_a = 0
         q_a = ops.convert(ops.equal(ops.unsqueeze(_iota(vocab), _i64(0)), x_a), "f32")
     residual = ops.maximum(ops.subtract(p_a, q_a), _f32(0.0))
     non_empty = ops.reduce_logical_or(ops.greater(residual, _f32(0.0)), _i64([1]), True)
     use_residual = ops.logical_and(_col(rejected), non_empty)
-    weights = ops.select(use_residual, residual, p_a)
-    return accepted, inverse_cdf_draw(weights, v)
+    return inverse_cdf_draw(ops.select(use_residual, residual, p_a), v)
 

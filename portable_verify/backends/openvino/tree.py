@@ -50,19 +50,13 @@ def tree_structure(inputs: TreeInputs) -> Tree:
     return Tree(np.clip(tokens, 0, v - 1), first_child, next_sibling)
 
 
-@dataclass(frozen=True)
-class Scalars:
-    """The graphs' scalar inputs, from the backend: the argmax block size, and the typical
-    parameters (eps, alpha) as float32 scalars."""
-
-    block: np.ndarray
-    typical: list[np.ndarray]
-
-
 class Walk:
     """The state every walk shares: each request's node, next child to test, path."""
 
-    def __init__(self, backend: Any, inputs: TreeInputs, tree: Tree, scalars: Scalars) -> None:
+    def __init__(self, backend: Any, inputs: TreeInputs, tree: Tree,
+                 scalars: np.ndarray) -> None:
+        """``scalars``: the call's record (:func:`.record.call_scalars`), fed to every graph
+        that reads a per-call scalar."""
         self.backend, self.inputs, self.tree = backend, inputs, tree
         b, self.n = inputs.batch_size, inputs.num_slots
         self.all = np.arange(b)
@@ -70,11 +64,12 @@ class Walk:
         self.a = np.zeros(b, np.int64)
         self.path = np.full((b, inputs.width), -1, np.int64)
         self.ptr = tree.first_child[:, 0] if inputs.max_depth > 0 else np.full(b, self.n)
-        self.block, self.typical = scalars.block, scalars.typical
+        self.scalars = scalars
         self.temperature = np.asarray(inputs.temperature, np.float32)
 
     def run(self, graph: TreeGraph, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        # np.asarray(order="C"), not ascontiguousarray: that makes scalars 1-d.
+        # Shared (zero-copy) graph inputs must be C-contiguous; this copies only those that
+        # are not.
         return self.backend.infer(graph, [np.asarray(x, order="C") for x in arrays],
                                   build=graph.build)
 
@@ -105,7 +100,7 @@ class Walk:
         return at
 
 
-def verify_tree_openvino(backend: Any, inputs: TreeInputs, scalars: Scalars
+def verify_tree_openvino(backend: Any, inputs: TreeInputs, scalars: np.ndarray
                          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(token_ids [B, W], node_ids [B, W], num_accepted [B])`` for numpy inputs."""
     b, width = inputs.batch_size, inputs.width
@@ -135,12 +130,12 @@ def verify_tree_openvino(backend: Any, inputs: TreeInputs, scalars: Scalars
 def greedy_walk(w: Walk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Descend into the lowest-index child whose token is the node row's argmax."""
     graph = TreeGraph("argmax")
-    g = w.run(graph, [w.rows(w.inputs.target, w.all), w.block])[0]
+    g = w.run(graph, [w.rows(w.inputs.target, w.all), w.scalars])[0]
     for active, child, x in w.steps():
         accept = active & (x == g)
         at = w.advance(accept, active & ~accept, child)
         if at.size:
-            g[at] = w.run(graph, [w.rows(w.inputs.target, at), w.block])[0]
+            g[at] = w.run(graph, [w.rows(w.inputs.target, at), w.scalars])[0]
     return w.path, g, w.a
 
 
@@ -151,7 +146,7 @@ def typical_walk(w: Walk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
     def enter(at: np.ndarray) -> list[np.ndarray]:
         temp = [w.temperature[at]] if w.inputs.target_is_logits else []
-        return w.run(graph, [w.rows(w.inputs.target, at), *temp, *w.typical, w.block])
+        return w.run(graph, [w.rows(w.inputs.target, at), *temp, w.scalars])
 
     p, threshold, argmax = enter(w.all)
     tested = np.zeros(len(w.all), bool)  # a child of the current node failed

@@ -2,8 +2,10 @@
 
 Each graph takes the rows it works on as ``[M, V]`` inputs (the host gathers the rows on the
 walked paths), so one compiled model per variant serves every tree shape. The arithmetic is the
-token-wise graphs' own (``p = e / s`` from logits, the entropy from ``log s``, the blocked
-argmax, the two-level draw), so a chain gives exactly ``verify``'s answer on this backend.
+token-wise graphs' own (``p = e / s`` from logits, the entropy from ``log s``, the typical
+threshold, the blocked argmax, the two-level draw: the helpers of :mod:`.chain_graphs`), so a
+chain gives exactly ``verify``'s answer on this backend. The graphs that read per-call scalars
+(``rows`` for typical, ``argmax``) take them as the one ``scalars`` record of :mod:`.record`.
 """
 
 from __future__ import annotations
@@ -11,19 +13,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
-from portable_verify.backends.openvino.block_graphs import safe_temperature
 from portable_verify.backends.openvino.chain_graphs import (
     _col,
     _dim,
     _f32,
     _i64,
     _iota,
+    block_size,
+    entropy_from_logits,
+    entropy_of_probs,
     first_argmax,
     inverse_cdf_draw,
+    safe_temperature,
+    typical_threshold,
 )
 
 
@@ -72,24 +77,16 @@ def _rows(graph: TreeGraph) -> ov.Model:
         p = rows
     outputs = [p]
     if graph.typical:
-        eps, alpha, block = _param("eps", []), _param("alpha", []), _param("block", [], ov.Type.i64)
-        params += [eps, alpha, block]
-        if graph.is_logits:  # as the token-wise graph: only [M] logs (see chain_graphs)
-            lowest = _f32(float(np.finfo(np.float32).min))
-            e_zm = ops.multiply(e, ops.maximum(zm, lowest))
-            entropy = ops.subtract(ops.log(s),
-                                   ops.divide(ops.reduce_sum(e_zm, _i64([1]), False), s))
-        else:
-            plogp = ops.select(ops.greater(p, _f32(0.0)), ops.multiply(p, ops.log(p)), _f32(0.0))
-            entropy = ops.negative(ops.reduce_sum(plogp, _i64([1]), False))
-        threshold = ops.minimum(eps, ops.multiply(alpha, ops.exp(ops.negative(entropy))))
-        outputs += [threshold, first_argmax(p, block)[0]]
+        scalars = _param("scalars", [-1])
+        params.append(scalars)
+        entropy = entropy_from_logits(e, zm, s) if graph.is_logits else entropy_of_probs(p)
+        outputs += [typical_threshold(entropy, scalars), first_argmax(p, block_size(scalars))[0]]
     return _model(outputs, params, "tree_rows")
 
 
 def _argmax(graph: TreeGraph) -> ov.Model:
-    rows, block = _param("rows", [-1, -1]), _param("block", [], ov.Type.i64)
-    return _model([first_argmax(rows, block)[0]], [rows, block], "tree_argmax")
+    rows, scalars = _param("rows", [-1, -1]), _param("scalars", [-1])
+    return _model([first_argmax(rows, block_size(scalars))[0]], [rows, scalars], "tree_argmax")
 
 
 def _residual(graph: TreeGraph) -> ov.Model:

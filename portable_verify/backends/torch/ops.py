@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from portable_verify.core.constants import FLOAT32_MAX, FLOAT32_TINY
+
 Array = Any  # np.ndarray on the host path, torch.Tensor on devices
 
 HOST_ARRAYS = True
 """Run CPU calls on numpy views of the tensors. Tests switch it off to run the device (torch)
 code path on CPU, since CI has no accelerator."""
 
-FLOAT32_TINY = float(torch.finfo(torch.float32).tiny)
-FLOAT32_MAX = float(torch.finfo(torch.float32).max)
 
 
 class ArrayOps:
