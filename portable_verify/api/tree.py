@@ -14,7 +14,7 @@ from portable_verify.core.arguments import ArrayLike, optional_count, to_tensor
 from portable_verify.core.tree import CHILDREN_MODES, Children, TreeInputs, TreeResult
 from portable_verify.core.tree_validation import check_tree_structure, check_tree_values
 from portable_verify.core.types import DEFAULT_TYPICAL, VerifyOptions
-from portable_verify.core.validation import ValueChecks
+from portable_verify.core.validation import ValueChecks, require_at_most
 
 
 def verify_tree(
@@ -190,6 +190,8 @@ def _children_mode(children: str, q: torch.Tensor | None) -> Children:
 
 def _width(max_depth: int | None, n: int) -> int:
     depth = optional_count("max_depth", max_depth)
+    require_at_most("max_depth", depth, max(n - 1, 0),
+                    f"no path through N = {n} nodes is deeper than N - 1")
     return n if depth is None else depth + 1
 
 

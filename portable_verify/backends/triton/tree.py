@@ -286,7 +286,10 @@ def _tree_kernel(
     b = tl.program_id(0)
     lanes = tl.arange(0, NB)
     n = tl.minimum(tl.maximum(tl.load(counts_ptr + b), 1), N).to(tl.int32)  # garbage clamped
-    par = tl.load(parents_ptr + b * N + lanes, mask=lanes < N, other=-2).to(tl.int32)
+    par = tl.load(parents_ptr + b * N + lanes, mask=lanes < N, other=-2)
+    # Range-checked in 64 bits before narrowing (2**32 would wrap to the root): out of range
+    # means absent, as on every backend.
+    par = tl.where((par >= 0) & (par < lanes), par, -2).to(tl.int32)
     tok = tl.load(tokens_ptr + b * N + lanes, mask=lanes < N, other=-1)
     # A child can be tested: below n, a valid parent, an id in the vocabulary (-1: none).
     valid = (lanes >= 1) & (lanes < n) & (par >= 0) & (par < lanes) & (tok >= 0) & (tok < V)
