@@ -58,7 +58,8 @@ def random_tree_call(rng: np.random.Generator, mode: str, *, logits: bool | None
         call["num_nodes"] = torch.from_numpy(rng.integers(1, n + 1, size=b))
     if rng.random() < 0.3:
         depth = node_depths(parents)
-        call["max_depth"] = int(depth.max()) + int(rng.integers(0, 2))
+        # the tree's depth or one more, within the documented bound N - 1
+        call["max_depth"] = min(int(depth.max()) + int(rng.integers(0, 2)), n - 1)
     call["uniforms"] = torch.tensor(rng.integers(1, 2**24 + 1, size=(b, n)) / 2**24,
                                     dtype=torch.float32)
     return call
