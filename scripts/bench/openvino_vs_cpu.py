@@ -79,8 +79,8 @@ def _config_study(drafts: torch.Tensor, logits: torch.Tensor, reps: int) -> None
     """The greedy graph alone under the settings docs/backends.md discusses, interleaved."""
     import openvino as ov
 
-    from portable_verify.backends.openvino import chain_graphs as graphs
     from portable_verify.backends.openvino.backend import argmax_block
+    from portable_verify.backends.openvino import chain_graphs as graphs
 
     b, k1, v = logits.shape
     rows = (np.arange(b)[:, None] * k1 + np.arange(k1)).astype(np.int64)
