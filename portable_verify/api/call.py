@@ -37,6 +37,7 @@ from portable_verify.core.validation import (
     check_uniforms,
     require_int,
     require_rank,
+    rows_read,
 )
 
 
@@ -73,9 +74,9 @@ def decide(call: VerifyCall) -> VerifyResult:
 
 def _tensors(call: VerifyCall) -> VerifyCall:
     """``call`` with torch tensors and explicit row maps (host arrays are viewed, not copied)."""
-    if not call.host and call.rows is not None and (
+    if not call.host and call.rows is not None and call.counts is not None and (
             call.draft_probs is None or call.draft_rows is not None):
-        return call
+        return call  # complete already (an engine's call without counts gets them below)
     drafts = to_tensor("draft_token_ids", call.drafts)
     target = to_tensor(call.target_name, call.target)
     target = target.reshape(-1, target.shape[-1])  # flat rows (a view)
@@ -189,16 +190,15 @@ def _check_values(call: VerifyCall, read_counts: torch.Tensor, temps: torch.Tens
     used = read_counts[:, None] > pos[None, :]  # position j < n: its id is read
     check_ids(checks, "draft_token_ids", drafts, used, v)
     if scan_rows:
-        used_rows = torch.zeros(target.shape[0], dtype=torch.bool, device=target.device)
-        used_rows[call.rows.clamp(0, target.shape[0] - 1).reshape(-1)] = True
+        # Rows at positions j <= n (n cut at the first -1): the bonus row, never those after.
+        read = torch.arange(k + 1, device=target.device)[None, :] <= read_counts[:, None]
+        used_rows = rows_read(target.shape[0], call.rows, read)
         if call.target_name == "target_logits":
             check_logits(checks, call.target_name, target, used_rows)
         else:
             check_probs(checks, call.target_name, target, used_rows)
         if call.draft_probs is not None and call.draft_rows is not None:
-            used_q = torch.zeros(call.draft_probs.shape[0], dtype=torch.bool,
-                                 device=target.device)
-            used_q[call.draft_rows[used]] = True
+            used_q = rows_read(call.draft_probs.shape[0], call.draft_rows, used)
             check_probs(checks, "draft_probs", call.draft_probs, used_q)
     if explicit_u is not None:
         check_uniforms(checks, explicit_u)

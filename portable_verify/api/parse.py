@@ -38,10 +38,12 @@ from portable_verify.core.types import (
     options_alone,
 )
 from portable_verify.core.validation import (
+    require_at_most,
     require_float,
     require_int,
     require_rank,
     require_same_device,
+    require_together,
 )
 
 _I64 = np.dtype(np.int64)
@@ -357,6 +359,10 @@ MAX_OUTPUT_ELEMENTS = 2**31
 """A call's ``[B, K+1]`` outputs above this many entries are refused before allocation: such a
 ``K`` is a corrupted argument, not a batch."""
 
+MAX_PADDED_WIDTH = 1024
+"""``max_num_draft_tokens`` may exceed ``N`` (no request has more drafts: the extra columns are
+padding, e.g. an engine's static ``K``) up to this many positions, at every level."""
+
 
 def parse_ragged(draft_token_ids: ArrayLike, num_draft_tokens: ArrayLike | None,
                  cu_num_draft_tokens: ArrayLike | None, target_logits: ArrayLike | None,
@@ -471,6 +477,9 @@ def ragged_counts(sizes: Any, from_cu: bool, n_total: int, n_rows: int, max_k: i
     int64 extremes cannot wrap), accounting for exactly ``N`` drafts, within
     ``max_num_draft_tokens``; on devices the flags come back in one host transfer.
     """
+    require_at_most("max_num_draft_tokens", max_k, max(n_total, MAX_PADDED_WIDTH),
+                    f"no request has more than the call's N = {n_total} drafts, and a result "
+                    f"padded beyond N is at most {MAX_PADDED_WIDTH} positions wide")
     name = "cu_num_draft_tokens" if from_cu else "num_draft_tokens"
     xp = np if isinstance(sizes, np.ndarray) else torch
     b = sizes.shape[0] - 1 if from_cu else sizes.shape[0]
@@ -537,6 +546,7 @@ def parse_rows(draft_token_ids: ArrayLike, target_rows: ArrayLike,
                uniforms: ArrayLike | None, bonus_token_ids: ArrayLike | None,
                options: VerifyOptions, backend: str, validate: Any) -> VerifyCall:
     """An engine's call: padded drafts, flat target rows and the row maps into them."""
+    require_together("draft_probs", draft_probs, "draft_rows", draft_rows)  # in every form
     return_numpy = type(draft_token_ids) is not torch.Tensor
     target_in, target_name = _target(target_logits, target_probs)
     drafts = _plain(draft_token_ids, _I64, torch.int64)
@@ -619,9 +629,6 @@ def check_rows(drafts: torch.Tensor, target: torch.Tensor, target_name: str,
         raise ValueError(f"target_rows must have shape (B, K+1) = {(b, k + 1)}, got "
                          f"{tuple(rows.shape)}")
     _check_counts(counts, b)
-    if (q is None) != (q_rows is None):
-        raise ValueError("draft_probs and draft_rows come together (the rows of each draft's "
-                         "distribution)")
     if q is not None:
         require_rank("draft_probs", q, 2, "[Rq, V] (flat rows)")
         require_float("draft_probs", q)

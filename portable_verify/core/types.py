@@ -38,9 +38,13 @@ class TypicalParams:
             value = getattr(self, field_name)
             if isinstance(value, bool) or not isinstance(value, numbers.Real):
                 raise TypeError(f"{argument} must be a real number, got {value!r}")
-            if not (math.isfinite(float(value)) and float(value) >= 0):
-                raise ValueError(f"{argument} must be finite and >= 0, got {value!r}")
-            object.__setattr__(self, field_name, float(value))
+            try:
+                number = float(value)
+            except OverflowError:  # an int beyond float range: not finite
+                number = math.inf
+            if not (math.isfinite(number) and number >= 0):
+                raise ValueError(f"{argument} must be finite and >= 0, got {value!r:.40}")
+            object.__setattr__(self, field_name, number)
 
     def threshold(self, entropy: Any, xp: Any = np) -> Any:
         """``min(eps, alpha * exp(-entropy))`` elementwise, for numpy (``xp=np``: arrays or

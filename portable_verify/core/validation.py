@@ -52,6 +52,37 @@ def require_same_device(named: dict[str, torch.Tensor | None]) -> torch.device:
     return next(iter(distinct))
 
 
+def require_together(name_a: str, a: object, name_b: str, b: object) -> None:
+    """Two arguments that only mean something as a pair (a map and the rows it points into):
+    one without the other is refused in every form and at every level (a host check)."""
+    if (a is None) != (b is None):
+        given, missing = (name_a, name_b) if b is None else (name_b, name_a)
+        raise ValueError(f"{given} needs {missing}: {name_a} and {name_b} come together (the "
+                         "rows of each draft's distribution and the map into them)")
+
+
+def require_at_most(name: str, value: int | None, bound: int, why: str) -> None:
+    """A size option (it sets the width of the result) refused above ``bound`` before anything
+    is allocated, at every level: a host comparison, free."""
+    if value is not None and value > bound:
+        raise ValueError(f"{name}={value} exceeds {bound}: {why}")
+
+
+def rows_read(n_rows: int, row_map: torch.Tensor, read: torch.Tensor) -> torch.Tensor:
+    """bool ``[n_rows]``: the rows some read position maps to (``read`` masks ``row_map``).
+
+    Why the mask: a row is checked only where a position that is read points at it, so a row
+    that only positions past a ``-1`` cut (or past ``n``) map to is neither read nor checked.
+    A scatter, not a boolean index: no host synchronisation. Out-of-range maps are clamped
+    (their own check names them).
+    """
+    index = row_map.clamp(0, max(n_rows - 1, 0)).reshape(-1)
+    marks = torch.zeros(n_rows, dtype=torch.int8, device=row_map.device)
+    if index.numel() and n_rows:
+        marks.scatter_reduce_(0, index, read.reshape(-1).to(torch.int8), reduce="amax")
+    return marks.bool()
+
+
 class ValueChecks:
     """Collects lazy device-side checks, then evaluates them with one host transfer."""
 
