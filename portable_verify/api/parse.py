@@ -708,9 +708,6 @@ def _tree_width(max_depth: Any, n: int) -> int:
     deeper than ``N - 1``, and a larger value would only size the result (a corrupted argument
     would allocate ``[B, max_depth + 1]`` arrays)."""
     depth = optional_count("max_depth", max_depth)
-    if depth is None:
-        return n
-    if depth > n - 1:
-        raise ValueError(f"max_depth must be at most N - 1 = {n - 1} (the deepest path a tree of "
-                         f"N = {n} nodes holds), got {depth}")
-    return depth + 1
+    require_at_most("max_depth", depth, n - 1,
+                    f"no path of a tree of N = {n} nodes is deeper than N - 1")
+    return n if depth is None else depth + 1
