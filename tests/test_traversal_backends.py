@@ -149,7 +149,7 @@ def test_node_ids_are_the_accepted_path() -> None:
             a = int(res.num_accepted[b])
             nodes = res.node_ids[b, :a].tolist()
             assert res.node_ids[b, a:].eq(-1).all()
-            assert [int(call["parents"][b, c]) for c in nodes] == ([0] + nodes)[:a]
+            assert [int(call["parents"][b, c]) for c in nodes] == [0, *nodes][:a]
             assert res.token_ids[b, :a].tolist() == [int(call["node_token_ids"][b, c])
                                                      for c in nodes]
 
