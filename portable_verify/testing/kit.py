@@ -29,6 +29,7 @@ CHECK_MODULES: tuple[str, ...] = (
     "portable_verify.testing.checks.tree_exact",
     "portable_verify.testing.checks.tree_law",
     "portable_verify.testing.checks.tree_bad_inputs",
+    "portable_verify.testing.checks.traversal",
 )
 
 

@@ -93,6 +93,8 @@ def render(rows: list[Row], console: Any = None) -> None:
         if not console.is_terminal:  # piped or captured: do not squeeze the evidence into 80
             console = Console(width=180)
     console.print(table)
+    for lines in extra_tables(rows):
+        console.print("\n".join(lines), markup=False, highlight=False)
     print(summary_line(rows))
 
 
@@ -103,8 +105,17 @@ def render_text(rows: list[Row]) -> str:
         lines.append(
             f"{r.backend:18} {r.result.name:44} {r.status:4} {r.seconds:6.1f}  {evidence(r.result)}"
         )
+    for extra in extra_tables(rows):
+        lines.extend(["", *extra])
     lines.append(summary_line(rows))
     return "\n".join(lines)
+
+
+def extra_tables(rows: list[Row]) -> list[list[str]]:
+    """Tables a check returns in ``stats['table']`` (a title, then text lines; e.g. the
+    traversal gain), printed after the verdicts: figures too wide for an evidence cell."""
+    return [[f"{r.result.stats['table'][0]} ({r.backend})", *r.result.stats["table"][1:]]
+            for r in rows if isinstance(r.result.stats.get("table"), list)]
 
 
 def summary_line(rows: list[Row]) -> str:

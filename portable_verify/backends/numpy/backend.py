@@ -22,7 +22,7 @@ class NumpyReferenceBackend(Backend):
     traits = BackendTraits(is_reference=True, full_conformance_sizes=False,
                            layouts=(methods.CHAIN, methods.TREE),
                            chain_rules=("rejection", "typical", "block"),
-                           tree_rules=("rejection", "typical"))
+                           tree_rules=("rejection", "typical", "traversal"))
 
     def availability(self) -> Availability:
         return Availability(True, "numpy is a core dependency")

@@ -8,6 +8,8 @@ exactly ``verify``'s answer.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from portable_verify.backends.numpy.chain import (
@@ -16,6 +18,7 @@ from portable_verify.backends.numpy.chain import (
     inverse_cdf_draw,
     softmax,
 )
+from portable_verify.backends.numpy.traversal import TraversalWalk
 from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
@@ -48,24 +51,57 @@ def walk_one(inputs: TreeInputs, b: int) -> tuple[list[int], int]:
             return softmax(target[i], temperature)
         return target[i].astype(np.float32)
 
+    if inputs.all_greedy or temperature == 0.0:
+        return greedy_walk(inputs, tokens, kids, target)
+    rule = inputs.sampled_method
+    if rule == "traversal":
+        return traversal_walk(inputs, b, kids, p)
+    if rule in ("rejection", "typical"):
+        return token_level_walk(inputs, b, kids, p, rule)
+    raise methods.unknown_rule(rule, "numpy", methods.TREE)
+
+
+def greedy_walk(inputs: TreeInputs, tokens: np.ndarray, kids: list[list[int]],
+                target: np.ndarray) -> tuple[list[int], int]:
+    """Greedy rows under every method: follow the first child whose token is the argmax."""
     path: list[int] = []
     node = 0
-    if inputs.all_greedy or temperature == 0.0:
-        while True:
-            g = first_argmax(target[node])
-            options = kids[node] if len(path) < inputs.max_depth else []
-            match = next((c for c in options if int(tokens[c]) == g), None)
-            if match is None:
-                return path, g
-            path.append(match)
-            node = match
+    while True:
+        g = first_argmax(target[node])
+        options = kids[node] if len(path) < inputs.max_depth else []
+        match = next((c for c in options if int(tokens[c]) == g), None)
+        if match is None:
+            return path, g
+        path.append(match)
+        node = match
 
+
+def traversal_walk(inputs: TreeInputs, b: int, kids: list[list[int]],
+                   p: Callable[[int], np.ndarray]) -> tuple[list[int], int]:
+    """Traversal verification of request ``b`` (numpy/traversal.py)."""
+    n_slots = inputs.num_slots
+    q = None
+    if inputs.children != "deterministic":
+        draft = inputs.draft_probs[b * n_slots:(b + 1) * n_slots]
+
+        def q(i: int) -> np.ndarray:
+            return draft[i].astype(np.float32)
+
+    return TraversalWalk(inputs.node_token_ids[b], kids, inputs.max_depth, p, q,
+                         inputs.uniforms[b], inputs.children == "without_replacement").run()
+
+
+def token_level_walk(inputs: TreeInputs, b: int, kids: list[list[int]],
+                     p: Callable[[int], np.ndarray], rule: str) -> tuple[list[int], int]:
+    """The walk from the root, token by token (rejection sampling or typical acceptance)."""
+    tokens = inputs.node_token_ids[b]
     u = inputs.uniforms[b]
-    v = float(u[n_slots - 1])
+    v = float(u[inputs.num_slots - 1])
+    path: list[int] = []
+    node = 0
     while True:
         options = kids[node] if len(path) < inputs.max_depth else []
         pn = p(node)
-        rule = inputs.sampled_method
         if rule == "typical":
             threshold = inputs.typical.threshold(entropy(pn))
             passing = next((c for c in options if pn[int(tokens[c])] > threshold), None)
@@ -74,8 +110,6 @@ def walk_one(inputs: TreeInputs, b: int) -> tuple[list[int], int]:
             path.append(passing)
             node = passing
             continue
-        if rule != "rejection":
-            raise methods.unknown_rule(rule, "numpy", methods.TREE)
         chosen = test_children(inputs, b, node, pn, options, tokens, u)
         if isinstance(chosen, np.ndarray):  # no child accepted: the residual to draw from
             return path, inverse_cdf_draw(chosen, v)

@@ -53,6 +53,9 @@ def _all(*edits: Edit) -> Edit:
     return edit
 
 
+_TRAVERSAL = _set("method", "traversal")
+
+
 TREE_BAD_CASES: list[tuple[str, Edit, str, type[Exception]]] = [
     ("a parent after its child", _at("parents", (0, 2), 3), "parents", ValueError),
     ("a parent equal to the node", _at("parents", (1, 3), 3), "parents", ValueError),
@@ -90,6 +93,20 @@ TREE_BAD_CASES: list[tuple[str, Edit, str, type[Exception]]] = [
      ValueError),
     ("rank-1 node_token_ids", _set("node_token_ids", torch.tensor([0, 1, 2, 3])),
      "node_token_ids", ValueError),
+    # Traversal (run only where the backend implements it): its walk enters node 1 and reads
+    # node 1's rows (it has a child) before any test, whatever the uniforms.
+    ("traversal: NaN in an entered inner node's target row",
+     _all(_TRAVERSAL, _at("target_logits", (0, 1, 2), float("nan"))), "target_logits",
+     ValueError),
+    ("traversal: an entered inner node's draft row not summing to 1",
+     _all(_TRAVERSAL, _at("draft_probs", (0, 1, 0), 2.0)), "draft_probs", ValueError),
+    ("traversal: deterministic children with draft_probs",
+     _all(_TRAVERSAL, _set("children", "deterministic")), "draft_probs", ValueError),
+    ("traversal: a uniform above 1",
+     _all(_TRAVERSAL, _set("uniforms", torch.tensor([[0.5, 0.5, 1.5, 0.5]] * 2))), "uniforms",
+     ValueError),
+    ("traversal: a tree deeper than max_depth", _all(_TRAVERSAL, _set("max_depth", 1)),
+     "max_depth", ValueError),
 ]
 """(what is wrong, how the valid call is changed, the name the message must hold, the error)."""
 
@@ -111,14 +128,16 @@ def tree_bad_input_raises(backend: str, quick: bool) -> CheckResult:
     name = "tree.bad_input_raises"
     pv.verify_tree(**valid_tree_call(), backend=backend)  # the unedited call is accepted
     failures = []
-    for label, edit, argument, error in TREE_BAD_CASES:
+    traversal = pv.get_backend(backend).traits.implements("tree", "traversal")
+    cases = [c for c in TREE_BAD_CASES if traversal or not c[0].startswith("traversal")]
+    for label, edit, argument, error in cases:
         call = valid_tree_call()
         edit(call)
         if (problem := expect_tree_error(call, backend, argument, error)) is not None:
             failures.append(f"{label}: {problem}")
-    detail = (f"{len(TREE_BAD_CASES)} bad tree inputs rejected with the argument named"
+    detail = (f"{len(cases)} bad tree inputs rejected with the argument named"
               if not failures else summarize(failures))
-    return CheckResult(name, not failures, detail, {"cases": len(TREE_BAD_CASES)})
+    return CheckResult(name, not failures, detail, {"cases": len(cases)})
 
 
 @tree_check("tree.unvalidated_garbage")
@@ -129,6 +148,9 @@ def tree_unvalidated_garbage(backend: str, quick: bool) -> CheckResult:
     gen = np.random.default_rng(20261204)
     failures = []
     cases = 30 if quick else 120
+    methods = ("greedy", "rejection", "typical")
+    if pv.get_backend(backend).traits.implements("tree", "traversal"):
+        methods = (*methods, "traversal")
     for case in range(cases):
         call = random_tree_call(gen, ("deterministic", "iid", "without_replacement")[case % 3])
         b, n = call["node_token_ids"].shape
@@ -141,7 +163,7 @@ def tree_unvalidated_garbage(backend: str, quick: bool) -> CheckResult:
         call[key] = target
         call.pop("max_depth", None)
         v = target.shape[-1]
-        for method in ("greedy", "rejection", "typical"):
+        for method in methods:
             try:
                 res = pv.verify_tree(**call, method=method, validate=False, backend=backend)
             except Exception as exc:  # any exception is the failure reported
@@ -152,6 +174,6 @@ def tree_unvalidated_garbage(backend: str, quick: bool) -> CheckResult:
             emitted = np.arange(tokens.shape[1])[None, :] <= a[:, None]
             if tokens.shape != (b, n) or ((tokens < 0) | (tokens >= v))[emitted].any():
                 failures.append(f"case {case}/{method}: tokens {tokens.tolist()}")
-    detail = (f"{cases} garbage cases x 3 methods: ids in range, shapes hold"
+    detail = (f"{cases} garbage cases x {len(methods)} methods: ids in range, shapes hold"
               if not failures else summarize(failures))
     return CheckResult(name, not failures, detail, {"cases": cases})
