@@ -3,6 +3,13 @@ floor of the rows the numpy reference reads, and against a torch contender writt
 SGLang's published target-only rule.
 
 Run (CPU, float32, one thread):  python scripts/bench/tree_cells.py [--quick] [--reps 5]
+                                  python scripts/bench/tree_cells.py --traversal [--quick]
+
+``--traversal``: traversal verification against the token-level rule (``rejection``) on the
+same inputs on ``numba:cpu``, sampled children (iid and without replacement, with
+``draft_probs``), both validation settings; per cell the ratio of target rows read and of
+passes over V (counted by a float64 walk of each rule, section 4 of the rule's cost), the
+time ratio, and traversal's time over the memory-read floor of the rows it reads.
 
 Each cell (B, N, V) is a random tree per request (each node's parent is the previous node with
 probability 1/2, else uniform over the earlier nodes, so paths run a few levels deep) whose
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import numpy as np
 import torch
@@ -123,10 +131,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--traversal", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(1)
     bandwidth = read_bandwidth()
     print(f"read bandwidth {bandwidth / 1e9:.1f} GB/s (numpy max, one core)")
+    if args.traversal:
+        traversal_table(args, bandwidth)
+        return
     print("| B | N | V | method | rows read | floor | numba/floor (validate=False) | "
           "numba/floor (validate=True) | torch/floor (validate=False) | "
           "contender/numba (False / True) |")
@@ -170,6 +182,136 @@ def bench_cell(cell: dict[str, torch.Tensor], method: str, u: torch.Tensor, band
             f"{best['fast'] / floor:.1f} | {best['checked'] / floor:.1f} | "
             f"{best['torch'] / floor:.1f} | {_ratio(best['contender'] / best['fast'])} / "
             f"{_ratio(best['contender'] / best['checked'])} |")
+
+
+def sampled_cell(b: int, n: int, v: int, mode: str, seed: int = 0) -> dict[str, Any]:
+    """A cell with sampled children: each child's token drawn from its parent's draft row
+    (draft logits = target logits + N(0, 1)), iid or without replacement in sibling order."""
+    cell: dict[str, Any] = dict(make_cell(b, n, v, seed))
+    gen = np.random.default_rng(seed + 1)
+    logits = cell["target_logits"]
+    q = torch.softmax(logits + torch.from_numpy(gen.standard_normal((b, n, v),
+                                                                   dtype=np.float32)), -1)
+    tokens, parents = cell["node_token_ids"].numpy().copy(), cell["parents"].numpy()
+    for r in range(b):
+        taken: dict[int, set[int]] = {}
+        for i in range(1, n):
+            a = int(parents[r, i])
+            row = q[r, a].double().numpy().copy()
+            if mode == "without_replacement":
+                row[list(taken.get(a, ()))] = 0.0
+            tokens[r, i] = int(gen.choice(v, p=row / row.sum()))
+            taken.setdefault(a, set()).add(int(tokens[r, i]))
+    cell.update(node_token_ids=torch.from_numpy(tokens), draft_probs=q, children=mode)
+    return cell
+
+
+def walk_counts(cell: dict[str, Any], u: np.ndarray, traversal: bool) -> tuple[int, int]:
+    """``(target rows read, passes over V)`` of one rule's walk over the cell, in float64
+    (the reference's walk, up to rounding at the boundaries): the token-level rule reads the
+    rows on its accepted path and makes one pass per rejection; traversal reads the rows of
+    the entered nodes with children plus the final node's, one pass per rejection; both one
+    draw. Rows read are summed over requests."""
+    tokens, parents = cell["node_token_ids"].numpy(), cell["parents"].numpy()
+    p_all = torch.softmax(cell["target_logits"].double(), -1).numpy()
+    q_all = cell["draft_probs"].double().numpy()
+    wr = cell["children"] == "without_replacement"
+    rows = passes = 0
+    for r in range(tokens.shape[0]):
+        kids: dict[int, list[int]] = {}
+        for i in range(1, tokens.shape[1]):
+            kids.setdefault(int(parents[r, i]), []).append(i)
+        counts = _traversal_walk if traversal else _token_walk
+        got = counts(kids, tokens[r], parents[r], p_all[r], q_all[r], u[r], wr)
+        rows, passes = rows + got[0], passes + got[1]
+    return rows, passes
+
+
+def _token_walk(kids, tokens, parents, p, q, u, wr):  # type: ignore[no-untyped-def]
+    node, rows, passes = 0, 1, 1  # the root's row; the final draw
+    while kids.get(node):
+        res, qq = p[node].copy(), q[node].copy()
+        for c in kids[node]:
+            x = tokens[c]
+            if res[x] > 0 and u[c - 1] * qq[x] <= res[x]:
+                node, rows = c, rows + 1
+                break
+            passes += 1
+            nxt = np.maximum(res - qq, 0)
+            res = nxt / nxt.sum() if nxt.sum() > 0 else res
+            if wr:
+                qq[x] = 0
+                qq = qq / qq.sum() if qq.sum() > 0 else qq
+        else:
+            return rows, passes
+    return rows, passes
+
+
+def _traversal_walk(kids, tokens, parents, p, q, u, wr):  # type: ignore[no-untyped-def]
+    st = {0: [1.0, p[0].copy(), q[0].copy(), 0]}  # W, R, Q, next child
+    rows, passes, c = (1 if kids.get(0) else 0), 1, 0  # entered nodes with children
+    while True:
+        while st[c][3] < len(kids.get(c, ())):
+            w, r, qq, k = st[c]
+            d = kids[c][k]
+            x = tokens[d]
+            e = 0.0 if w == 0 or r[x] == 0 else (1.0 if qq[x] == 0 else min(w * r[x] / qq[x], 1))
+            st[d] = [e, p[d].copy(), q[d].copy(), 0]
+            rows += 1 if kids.get(d) else 0
+            c = d
+        if c == 0 or u[c - 1] <= st[c][0]:
+            return rows + (0 if kids.get(c) else 1), passes  # a final leaf's row: the draw
+        a = int(parents[c])
+        w, r, qq, k = st[a]
+        res = np.maximum(w * r - qq, 0)
+        s = res.sum()
+        passes += 1
+        if s > 0:
+            st[a][0], st[a][1] = s / (s + 1 - w), res / s
+        else:
+            st[a][0] = 0.0
+        if wr:
+            qq[tokens[c]] = 0
+            st[a][2] = qq / qq.sum() if qq.sum() > 0 else qq
+        st[a][3] += 1
+        c = a
+
+
+def traversal_table(args: argparse.Namespace, bandwidth: float) -> None:
+    print("| B | N | V | children | rows ratio | passes ratio | trav/token (validate=False) |"
+          " trav/token (validate=True) | trav/floor (validate=False) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for b, n, v in QUICK if args.quick else CELLS:
+        if b * n * v * 4 * 2 > MAX_BYTES:
+            continue
+        for mode in ("iid", "without_replacement"):
+            cell = sampled_cell(b, n, v, mode)
+            u = torch.rand(b, n, generator=torch.Generator().manual_seed(2)).clamp_min(2**-24)
+            print(traversal_row(cell, u, bandwidth, args.reps), flush=True)
+
+
+def traversal_row(cell: dict[str, Any], u: torch.Tensor, bandwidth: float, reps: int) -> str:
+    """One row: rows and passes ratios from the walks, then interleaved times."""
+    b, n, v = cell["target_logits"].shape
+    rows_t, passes_t = walk_counts(cell, u.numpy(), traversal=True)
+    rows_k, passes_k = walk_counts(cell, u.numpy(), traversal=False)
+    floor = rows_t * v * 4 / bandwidth
+    runs = {(m, val): (lambda m=m, val=val: pv.verify_tree(
+        **cell, method=m, uniforms=u, backend="numba:cpu", validate=val))
+        for m in ("traversal", "rejection") for val in (False, True)}
+    for run in runs.values():
+        run()  # warm-up (compiles once)
+    times: dict[Any, list[float]] = {k: [] for k in runs}
+    for _ in range(reps):
+        for key, run in runs.items():
+            _EVICT.max()
+            times[key].append(_timed(run))
+    best = {k: min(t) for k, t in times.items()}
+    return (f"| {b} | {n} | {v} | {cell['children']} | {rows_t / rows_k:.2f} | "
+            f"{passes_t / passes_k:.2f} | "
+            f"{best[('traversal', False)] / best[('rejection', False)]:.2f} | "
+            f"{best[('traversal', True)] / best[('rejection', True)]:.2f} | "
+            f"{best[('traversal', False)] / floor:.1f} |")
 
 
 def _ratio(x: float) -> str:

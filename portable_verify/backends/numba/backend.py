@@ -133,7 +133,7 @@ _AVAILABILITY = (
 CHAIN_RULES = ("rejection", "typical", "block")
 """The sampled rules the chain kernels implement (the kernel's ``typical`` and ``block``
 switches; rejection otherwise, reached only through these names)."""
-TREE_RULES = ("rejection", "typical")
+TREE_RULES = ("rejection", "typical", "traversal")
 """The sampled rules the tree walk implements."""
 
 
@@ -236,12 +236,15 @@ class NumbaBackend(Backend):
         return torch.from_numpy(tokens), torch.from_numpy(accepted)
 
     def run_tree(self, inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The tree walk as one kernel (``backends/numba/tree.py``)."""
-        from portable_verify.backends.numba.tree import tree_arrays  # numba: the `cpu` extra
+        """The tree walk as one kernel (``backends/numba/tree.py``; traversal verification:
+        ``backends/numba/traversal.py``)."""
+        from portable_verify.backends.numba.traversal import traversal_arrays  # compile on
+        from portable_verify.backends.numba.tree import tree_arrays  # first use
 
         if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:
             raise methods.unknown_rule(inputs.sampled_method, "numba:cpu", methods.TREE)
-        tokens, nodes, accepted, ok = tree_arrays(inputs)
+        walk = traversal_arrays if inputs.sampled_method == "traversal" else tree_arrays
+        tokens, nodes, accepted, ok = walk(inputs)
         if not ok:
             raise ReadValueError("a value the tree walk reads is invalid")
         return torch.from_numpy(tokens), torch.from_numpy(nodes), torch.from_numpy(accepted)

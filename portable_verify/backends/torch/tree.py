@@ -35,6 +35,7 @@ from portable_verify.backends.torch.ops import (
     _temperatures,
     per_row,
 )
+from portable_verify.backends.torch.traversal import traversal_walk
 from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.tree_validation import check_tree_inputs
@@ -540,5 +541,6 @@ def _sampled_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array,
     return walk(ops, inputs, tree, FirstTests(ops, inputs, tree))
 
 
-TREE_RULES = {"rejection": _rejection_walk, "typical": _typical_walk}
+TREE_RULES = {"rejection": _rejection_walk, "typical": _typical_walk,
+              "traversal": traversal_walk}
 """The sampled rules this backend implements for trees (its traits read the keys)."""
