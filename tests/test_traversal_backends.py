@@ -238,12 +238,12 @@ def test_an_entered_draft_row_that_is_not_a_distribution_is_refused() -> None:
 
 def test_numba_answers_do_not_depend_on_the_thread_count(monkeypatch: pytest.MonkeyPatch
                                                          ) -> None:
-    from portable_verify.backends.numba import traversal
+    from portable_verify.backends.numba import tree as numba_tree
 
     calls = _calls("without_replacement", 4, seed=11)
     answers = []
     for threads in (1, 3):
-        monkeypatch.setattr(traversal, "threads_for", lambda _values, _b, t=threads: t)
+        monkeypatch.setattr(numba_tree, "threads_for", lambda _values, _b, t=threads: t)
         answers.append([pv.verify_tree(**c, method="traversal", backend="numba:cpu").token_ids
                         for c in calls])
     assert all(torch.equal(a, b) for a, b in zip(*answers, strict=True))

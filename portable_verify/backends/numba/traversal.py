@@ -27,32 +27,21 @@ from __future__ import annotations
 
 import numba
 import numpy as np
-import torch
 
 from portable_verify.backends.numba.block import _PART, _normaliser, _residual_part
 from portable_verify.backends.numba.chain import (
-    TEMP_HIGH,
-    TEMP_LOW,
     _bad_logit_max,
     _not_a_distribution,
     draw,
-)
-from portable_verify.backends.numba.host import (
-    EMPTY_F32_2,
-    HALF,
-    host_array,
-    options_record,
-    run_split,
-    threads_for,
+    normal_temperature,
 )
 from portable_verify.backends.numba.rows import JIT, _exp_row, exp_sum, row_max, row_stats
 from portable_verify.backends.numba.tree import (
-    CHILDREN_CODES,
     _bad_structure,
     _children,
     _greedy_walk,
+    tree_arrays,
 )
-from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 from portable_verify.core.tree import TreeInputs
 
 _ONE = np.float32(1.0)
@@ -250,15 +239,16 @@ def _traverse_one(rows, tree, parents, i, u, tf, o, mode, state, work, path):
 
 
 @numba.njit(**JIT)
-def walk(rows, tree, temps, u, mode, max_depth, options, lo, hi, out_tokens, out_nodes,
-         out_accepted):
-    """Fill ``out_*`` for requests ``lo .. hi-1``; returns 1 when ``options.check`` is set and
-    a value the walk reads is invalid. ``rows``: flat ``(target, q)`` ``[B*N, V]`` (``q`` a
-    dummy for deterministic children); ``tree``: ``(node_token_ids, parents, num_nodes)``;
-    ``mode``: :data:`CHILDREN_CODES`. Disjoint request ranges may run at once (nogil)."""
+def walk(target, tokens, arrays, options, lo, hi, outs):
+    """Fill ``outs`` (token ids, node ids, accepted) for requests ``lo .. hi-1``; returns 1
+    when ``options.check`` is set and a value the walk reads is invalid. The arguments are the
+    token-level walk's (``tree.walk``): flat ``[B*N, V]`` target rows, :data:`tree.ARRAYS`
+    (``q`` a dummy for deterministic children), the record with the children code and the
+    depth cap. Disjoint request ranges may run at once (nogil)."""
     o = options[0]
-    target, q = rows
-    tokens, parents, num_nodes = tree
+    parents, num_nodes, q, temps, u = arrays
+    out_tokens, out_nodes, out_accepted = outs
+    mode, max_depth = o.children, o.max_depth
     n_slots = tokens.shape[1]
     v_size = target.shape[1]
     first = np.empty(n_slots, dtype=np.int64)
@@ -274,19 +264,16 @@ def walk(rows, tree, temps, u, mode, max_depth, options, lo, hi, out_tokens, out
     for i in range(lo, hi):
         n = min(max(num_nodes[i], 1), n_slots)  # garbage (validate=False) clamped
         _children(tokens, parents, i, n, v_size, first, after)
-        if o.check and _bad_structure(tokens, parents, num_nodes, temps, u, i, v_size,
-                                      max_depth, o.is_logits, path):
+        if o.check and _bad_structure(tokens, arrays, o, i, v_size, path):
             error = 1
         t = np.float64(temps[i])
         if o.all_greedy or t == 0:
-            a, final, bad = _greedy_walk(target, tokens, i, n_slots, first, after, max_depth,
-                                         o.is_logits, o.check, path)
+            a, final, bad = _greedy_walk(target, tokens, o, i, (first, after), path)
         else:
-            tf = np.float32(min(max(t, TEMP_LOW), TEMP_HIGH))
             lo_row, hi_row = i * n_slots, (i + 1) * n_slots
             a, final, bad = _traverse_one((target[lo_row:hi_row], q[lo_row:hi_row]),
-                                          (tokens, first, after, max_depth), parents, i, u, tf,
-                                          o, mode, state, work, path)
+                                          (tokens, first, after, max_depth), parents, i, u,
+                                          normal_temperature(t), o, mode, state, work, path)
         error = max(error, 1 if bad else 0)
         out_accepted[i] = a
         for j in range(out_tokens.shape[1]):
@@ -296,25 +283,6 @@ def walk(rows, tree, temps, u, mode, max_depth, options, lo, hi, out_tokens, out
 
 
 def traversal_arrays(inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """``(token_ids, node_ids, num_accepted, ok)`` from validated torch CPU tree inputs."""
-    b, v = inputs.batch_size, inputs.vocab_size
-    target, q = inputs.target, inputs.draft_probs
-    atol, q_atol = (PROB_SUM_ATOL_HALF if t is not None and t.dtype in HALF else PROB_SUM_ATOL
-                    for t in (target, q))
-    target = host_array(target.detach().float() if target.dtype != torch.float32 else target,
-                        np.float32)
-    mode = CHILDREN_CODES[inputs.children]
-    q = target if q is None or mode == 0 else host_array(q.detach().float(), np.float32)
-    record = options_record(is_logits=inputs.target_is_logits, all_greedy=inputs.all_greedy,
-                            check=inputs.check_read_values, atol=atol, q_atol=q_atol)
-    u = EMPTY_F32_2 if inputs.uniforms is None else host_array(inputs.uniforms, np.float32)
-    width = inputs.width
-    tokens = np.empty((b, width), dtype=np.int64)
-    nodes = np.empty((b, width), dtype=np.int64)
-    accepted = np.empty(b, dtype=np.int64)
-    tree = (host_array(inputs.node_token_ids, np.int64), host_array(inputs.parents, np.int64),
-            host_array(inputs.num_nodes, np.int64))
-    error = run_split(walk, b, threads_for(b * v * 2, b), (
-        (target, q), tree, host_array(inputs.temperature, np.float32), u, mode, width - 1,
-        record), (tokens, nodes, accepted))
-    return tokens, nodes, accepted, error == 0
+    """``(token_ids, node_ids, num_accepted, ok)`` from validated torch CPU tree inputs: the
+    token-level walk's host glue with this walk as its kernel."""
+    return tree_arrays(inputs, walk)

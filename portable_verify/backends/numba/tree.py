@@ -21,6 +21,8 @@ and ``max_depth`` fields are the walk's), the request range and the outputs as o
 
 from __future__ import annotations
 
+from typing import Any
+
 import numba
 import numpy as np
 import torch
@@ -272,8 +274,10 @@ def walk(target, tokens, arrays, options, lo, hi, outs):
     return error
 
 
-def tree_arrays(inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """``(token_ids, node_ids, num_accepted, ok)`` from validated torch CPU tree inputs."""
+def tree_arrays(inputs: TreeInputs, kernel: Any = None
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """``(token_ids, node_ids, num_accepted, ok)`` from validated torch CPU tree inputs, by
+    ``kernel`` (default :func:`walk`; the traversal walk takes the same arguments)."""
     b, v = inputs.batch_size, inputs.vocab_size
     target, q = inputs.target, inputs.draft_probs
     atol, q_atol = (PROB_SUM_ATOL_HALF if t is not None and t.dtype in HALF else PROB_SUM_ATOL
@@ -292,7 +296,7 @@ def tree_arrays(inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray,
               host_array(inputs.temperature, np.float32), u)
     outs = (np.empty((b, width), dtype=np.int64), np.empty((b, width), dtype=np.int64),
             np.empty(b, dtype=np.int64))
-    error = run_split(walk, b, threads_for(b * v * 2, b),
+    error = run_split(walk if kernel is None else kernel, b, threads_for(b * v * 2, b),
                       (target, host_array(inputs.node_token_ids, np.int64), arrays, record),
                       (outs,))
     return outs[0], outs[1], outs[2], error == 0
