@@ -29,10 +29,12 @@ METHODS = tuple(m for m in methods.names(methods.CHAIN) if m != "auto")
 """The chain methods of the method table (``auto`` is ``rejection``)."""
 
 
-def methods_of(backend: str) -> tuple[str, ...]:
-    """The chain methods the backend implements (read from the table and its traits)."""
+def methods_of(backend: str, layout: str = methods.CHAIN) -> tuple[str, ...]:
+    """The methods of ``layout`` the backend implements (read from the table and its traits;
+    ``auto`` left out: it is ``rejection``)."""
     traits = pv.get_backend(backend).traits
-    return tuple(m for m in METHODS if traits.implements(methods.CHAIN, methods.TABLE[m].rule))
+    return tuple(m for m in methods.names(layout)
+                 if m != "auto" and traits.implements(layout, methods.TABLE[m].rule))
 
 
 def expect_error(call: dict[str, Any], backend: str, argument: str,

@@ -11,6 +11,7 @@ import torch
 
 import portable_verify as pv
 from portable_verify.testing.cases.tree_cases import random_tree_call
+from portable_verify.testing.checks.bad_input_errors import methods_of
 from portable_verify.testing.checks.reference_comparison import host
 from portable_verify.testing.checks.tree_exact import tree_check
 from portable_verify.testing.kit import CheckResult, summarize
@@ -148,9 +149,7 @@ def tree_unvalidated_garbage(backend: str, quick: bool) -> CheckResult:
     gen = np.random.default_rng(20261204)
     failures = []
     cases = 30 if quick else 120
-    methods = ("greedy", "rejection", "typical")
-    if pv.get_backend(backend).traits.implements("tree", "traversal"):
-        methods = (*methods, "traversal")
+    methods = methods_of(backend, "tree")
     for case in range(cases):
         call = random_tree_call(gen, ("deterministic", "iid", "without_replacement")[case % 3])
         b, n = call["node_token_ids"].shape

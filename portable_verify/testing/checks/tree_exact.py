@@ -18,6 +18,7 @@ import torch
 
 import portable_verify as pv
 from portable_verify.testing.cases.tree_cases import MODES, chain_parents, random_tree_call
+from portable_verify.testing.checks.bad_input_errors import methods_of
 from portable_verify.testing.checks.reference_comparison import REFERENCE, host
 from portable_verify.testing.kit import CheckFn, CheckResult, check, summarize
 
@@ -72,7 +73,7 @@ def tree_exact(backend: str, quick: bool) -> CheckResult:
     for case in range(QUICK_CASES if quick else FULL_CASES):
         mode = MODES[case % 3]
         call = random_tree_call(rng, mode)
-        for method in ("greedy", "rejection", "typical"):
+        for method in methods_of(backend, "tree"):
             if method == "typical" and mode != "deterministic":
                 continue
             got = _answer(pv.verify_tree(**call, method=method, backend=backend))
