@@ -183,12 +183,14 @@ def test_the_switch_off_variable_compiles_in_place(tmp_path: Path) -> None:
     assert err.count("compiling the numba:cpu kernels in this call") == 1, err
 
 
-def test_a_read_only_cache_location_answers_and_says_why_once(tmp_path: Path) -> None:
-    """numba cannot cache under a regular file (root writes even a read-only folder): auto
-    stays on torch:cpu, with the same tokens, and says so once."""
-    blocker = tmp_path / "file"
-    blocker.write_text("")
-    out, err = _run(SELECT, blocker / "cache", CALL="1")
+def test_no_cache_location_answers_and_says_why_once(tmp_path: Path) -> None:
+    """Where numba finds no writable cache location (read-only package folder and HOME, and
+    ``NUMBA_CACHE_DIR`` unusable: ``rows.JIT["cache"]`` is then False and the kernels compile
+    uncached), auto stays on torch:cpu, with the same tokens, and says so once. As root every
+    folder is writable and numba falls back from a bad ``NUMBA_CACHE_DIR`` to the package's own
+    ``__pycache__``, so the child sets numba's verdict itself (the seam this module reads)."""
+    seam = "from portable_verify.backends.numba import rows\nrows.JIT['cache'] = False\n"
+    out, err = _run(seam + SELECT, tmp_path, CALL="1")
     assert out["auto"] == out["again"] == "torch:cpu" and out["status"] == "failed"
     assert out["threads"] == 1
     assert err.count("numba cannot cache its kernels here") == 1, err

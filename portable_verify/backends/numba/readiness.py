@@ -128,9 +128,9 @@ def _start() -> None:
 def _build() -> None:
     """Fill the disk cache in a subprocess unless it is warm, then load it here."""
     try:
-        if cache_state()["state"] != "warm":
+        if _cache_state_locked()["state"] != "warm":
             failure = _run_builder()
-            if failure is None and cache_state()["state"] != "warm":
+            if failure is None and _cache_state_locked()["state"] != "warm":
                 failure = "the build ended but numba's cache holds no kernels for this CPU"
             if failure is not None:
                 _fail(failure)
@@ -166,10 +166,19 @@ def _run_builder() -> str | None:
         return f"the kernel build exited with {process.returncode}: {(lines or ['?'])[-1]}"
 
 
+def _cache_state_locked() -> dict[str, Any]:
+    """:func:`cache_state` from the build thread: it calls into LLVM, whose bindings hold a
+    lock a forked child would inherit held, so a fork waits for it (:data:`_LOADING`)."""
+    with _LOADING:
+        return cache_state()
+
+
 def _load() -> bool:
     """Load every cached signature of every kernel here, one at a time (a fork in between
-    finds no load half done); False when stopped."""
-    for dispatcher, signatures in _cached_signatures():
+    finds no load half done, nor numba's or LLVM's locks held); False when stopped."""
+    with _LOADING:
+        cached = _cached_signatures()
+    for dispatcher, signatures in cached:
         for signature in signatures:
             with _LOADING:
                 if _STOP.is_set():
