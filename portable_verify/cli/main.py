@@ -14,7 +14,8 @@ import sys
 
 from portable_verify.cli.checks import OneLineParser, run_checked
 
-SUBCOMMANDS = ("bench", "info", "conformance", "e2e", "gpu-check", "serve", "serve-check")
+SUBCOMMANDS = ("bench", "info", "conformance", "e2e", "gpu-check", "serve", "serve-check",
+               "warm-up")
 
 
 def build_parser() -> argparse.ArgumentParser:

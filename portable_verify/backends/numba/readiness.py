@@ -1,0 +1,311 @@
+"""Whether the numba kernels are ready, and their build in the background while they are not.
+
+Why: a cold kernel cache made the first ``backend="auto"`` call on CPU compile for tens of
+seconds with nothing on screen. Now, while the kernels are neither cached nor loaded, ``auto``
+answers from the next backend of its preference list (``torch:cpu``: the same tokens, from the
+same counter-hash uniforms), and one build fills numba's disk cache in a subprocess (no compiler
+lock is held in this process, no GIL is shared with the caller), after which a thread loads the
+cached kernels here and dispatch switches to ``numba:cpu`` (docs/decisions.md, "The first
+call"). ``PORTABLE_VERIFY_INTERIM=0`` turns this off: the first call then compiles in the
+calling thread, as a server that wants the compiled kernel or nothing asks.
+
+Nothing here imports numba at module import: dispatch asks only when ``auto`` would pick
+``numba:cpu``. numba's loader internals are private; any surprise reads as "not cached".
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+from typing import Any
+
+ENV_INTERIM = "PORTABLE_VERIFY_INTERIM"
+"""``0`` (or ``off``/``false``/``no``): no interim answers; the first call compiles in place."""
+
+KERNEL_MODULES = ("portable_verify.backends.numba.chain", "portable_verify.backends.numba.rows",
+                  "portable_verify.backends.numba.block", "portable_verify.backends.numba.tree")
+"""Every module holding cached kernels (the chain, block and tree kernels and row passes)."""
+
+ENTRY_KERNELS = ("chain.greedy", "chain.greedy_at", "chain.decide", "chain.decide_at",
+                 "block.decide_block", "tree.walk")
+"""The kernels the backend calls: the cache is warm when each has a signature for this CPU."""
+
+POLL_S = 0.2
+"""How often the build thread looks at the subprocess and at the stop flag."""
+
+_BUILD = ("import os, sys; os.nice(10)\n"
+          "from portable_verify.warmup import build_cache\n"
+          "sys.exit(build_cache())\n")
+"""The subprocess: at a lower priority than the caller, whose interim calls run meanwhile."""
+
+READY = False
+"""True once the kernels are loaded here, or the interim path is off: a plain read."""
+answers = 0
+"""How many selections answered from the stand-in: dispatch caches no selection made while
+this moved (an interim choice must not outlive the build)."""
+
+_LOCK = threading.Lock()  # the state below; never held while waiting for numba or a process
+_LOADING = threading.Lock()  # held around each in-process kernel load; fork waits for it
+_STOP = threading.Event()  # interpreter exit: the build thread ends at its next look
+_state: dict[str, Any] = {"status": "new", "thread": None, "process": None, "said": set()}
+
+
+def interim_enabled() -> bool:
+    """Whether ``auto`` may answer from a stand-in while the kernels build."""
+    return os.environ.get(ENV_INTERIM, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
+def ready() -> bool:
+    """True: ``auto`` may take ``numba:cpu`` now. False: answer from the stand-in (the build
+    has been started, or cannot run here and said why once)."""
+    global answers
+    if READY:
+        return True
+    with _LOCK:
+        if READY:
+            return True
+        if _state["status"] == "new":
+            _decide()
+        if READY:
+            return True
+        answers += 1
+        return False
+
+
+def _decide() -> None:
+    """The first look (under ``_LOCK``): warm, cold with the interim path on or off, or no
+    cache at all."""
+    global READY
+    cache = cache_state()
+    if not interim_enabled():
+        if cache["state"] != "warm":
+            _say("cold", f"compiling the numba:cpu kernels in this call (tens of seconds; "
+                         f"{ENV_INTERIM}=0){_where(cache)}; pre-build them with "
+                         "`portable-verify warm-up`")
+        _state["status"] = "off"
+        READY = True
+        return
+    if cache["state"] == "warm":
+        _state["status"] = "warm"
+        READY = True  # each kernel loads from the cache on its first call (about a second)
+        return
+    if cache["state"] == "uncached":
+        _state["status"] = "failed"
+        _say("uncached", f"numba cannot cache its kernels here ({cache['detail']}): answering "
+                         "from torch:cpu (same tokens); set NUMBA_CACHE_DIR to a writable "
+                         f"folder, or {ENV_INTERIM}=0 to compile in this process")
+        return
+    _say("cold", f"the numba:cpu kernels are not compiled yet{_where(cache)}: building them in "
+                 "the background and answering from torch:cpu meanwhile (same tokens); "
+                 "pre-build them with `portable-verify warm-up`")
+    _start()
+
+
+def _where(cache: dict[str, Any]) -> str:
+    dirs = cache.get("cache_dirs") or []
+    return f" (cache: {dirs[0]})" if dirs else ""
+
+
+def _say(what: str, message: str) -> None:
+    """One line on stderr, once per process and topic (what is happening, and what to do)."""
+    if what not in _state["said"]:
+        _state["said"].add(what)
+        print(f"portable_verify: {message}", file=sys.stderr, flush=True)
+
+
+def _start() -> None:
+    _STOP.clear()
+    thread = threading.Thread(target=_build, name="portable-verify-numba-build", daemon=True)
+    _state.update(status="building", thread=thread)
+    thread.start()
+
+
+def _build() -> None:
+    """Fill the disk cache in a subprocess unless it is warm, then load it here."""
+    try:
+        if _cache_state_locked()["state"] != "warm":
+            failure = _run_builder()
+            if failure is None and _cache_state_locked()["state"] != "warm":
+                failure = "the build ended but numba's cache holds no kernels for this CPU"
+            if failure is not None:
+                _fail(failure)
+                return
+        if not _load():
+            return  # stopped: the interpreter is exiting
+    except Exception as exc:  # a private numba API changed: stay on the stand-in, say why
+        _fail(f"{type(exc).__name__}: {exc}")
+        return
+    _finish("ready")
+
+
+def _run_builder() -> str | None:
+    """Run the build subprocess to its end (None) or say why it failed; reaped here."""
+    env = dict(os.environ, **{ENV_INTERIM: "0"})
+    root = os.path.dirname(os.path.dirname(importlib.import_module("portable_verify").__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    with tempfile.TemporaryFile() as err:
+        process = subprocess.Popen([sys.executable, "-c", _BUILD], stdin=subprocess.DEVNULL,
+                                   stdout=subprocess.DEVNULL, stderr=err, env=env,
+                                   start_new_session=True)
+        with _LOCK:
+            _state["process"] = process
+        while process.poll() is None:
+            if _STOP.wait(POLL_S):
+                return "stopped"  # left to finish on its own: it fills the cache for next time
+        with _LOCK:
+            _state["process"] = None
+        if process.returncode == 0:
+            return None
+        err.seek(0)
+        lines = err.read().decode(errors="replace").strip().splitlines()
+        return f"the kernel build exited with {process.returncode}: {(lines or ['?'])[-1]}"
+
+
+def _cache_state_locked() -> dict[str, Any]:
+    """:func:`cache_state` from the build thread: it calls into LLVM, whose bindings hold a
+    lock a forked child would inherit held, so a fork waits for it (:data:`_LOADING`)."""
+    with _LOADING:
+        return cache_state()
+
+
+def _load() -> bool:
+    """Load every cached signature of every kernel here, one at a time (a fork in between
+    finds no load half done, nor numba's or LLVM's locks held); False when stopped."""
+    with _LOADING:
+        cached = _cached_signatures()
+    for dispatcher, signatures in cached:
+        for signature in signatures:
+            with _LOADING:
+                if _STOP.is_set():
+                    return False
+                dispatcher.compile(signature)  # a load: the subprocess compiled it
+    return True
+
+
+def _fail(reason: str) -> None:
+    if reason != "stopped":
+        _say("failed", f"the numba:cpu kernels could not be built in the background ({reason}); "
+                       "answering from torch:cpu (same tokens)")
+    _finish("failed")
+
+
+def _finish(status: str) -> None:
+    global READY
+    with _LOCK:
+        _state.update(status=status, thread=None, process=None)
+        READY = status == "ready"
+
+
+def loaded() -> None:
+    """Every kernel is loaded in this process (a warm-up through ``numba:cpu`` ran here):
+    ``auto`` takes ``numba:cpu`` from the next selection on."""
+    global READY
+    with _LOCK:
+        if _state["status"] != "building":  # a running build ends by itself, ready
+            _state["status"] = "ready"
+        READY = True
+
+
+def wait(timeout: float | None = None) -> bool:
+    """Wait for a background build to end (tests, benchmarks); True when the kernels are
+    ready."""
+    thread = _state["thread"]
+    if thread is not None:
+        thread.join(timeout)
+    return READY
+
+
+def status() -> str:
+    """``new``, ``building``, ``ready``, ``warm``, ``off`` or ``failed``."""
+    return _state["status"]
+
+
+def _stop_at_exit() -> None:
+    """At exit the build thread ends within :data:`POLL_S` (a subprocess still compiling
+    finishes on its own, filling the cache for the next process)."""
+    _STOP.set()
+    thread = _state["thread"]
+    if thread is not None:
+        thread.join()
+
+
+def _before_fork() -> None:
+    _LOCK.acquire()
+    _LOADING.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _LOADING.release()
+    _LOCK.release()
+
+
+def _after_fork_in_child() -> None:
+    """The child has no build thread and does not own the subprocess: it decides afresh on its
+    next call (a build it starts waits for the parent's on the cache's lock file)."""
+    global READY
+    _LOADING.release()
+    _LOCK.release()
+    if _state["status"] == "building":
+        _state.update(status="new", thread=None, process=None)
+        READY = False
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent,
+                    after_in_child=_after_fork_in_child)
+atexit.register(_stop_at_exit)
+
+
+def cached_dispatchers(module: Any) -> dict[str, Any]:
+    """The module's own cached, separately compiled kernels (``inline="always"`` ones are
+    compiled into their callers and never cached on their own)."""
+    from numba.core.dispatcher import Dispatcher
+
+    found = {}
+    for name, obj in vars(module).items():
+        if not isinstance(obj, Dispatcher) or getattr(obj, "__module__", None) != module.__name__:
+            continue
+        if obj.targetoptions.get("inline", "never") == "always":
+            continue
+        if type(obj._cache).__name__ == "NullCache":
+            continue
+        found[name] = obj
+    return found
+
+
+def signatures_for_here(dispatcher: Any) -> list[Any]:
+    """The cached signatures of ``dispatcher`` numba would load on this machine."""
+    cache = dispatcher._cache
+    _, here_machine, here_code = cache._index_key(None, dispatcher.targetctx.codegen())
+    index = cache._cache_file._load_index()  # {} when absent, another version or stale
+    return [key[0] for key in index if key[1] == here_machine and key[2] == here_code]
+
+
+def _cached_signatures() -> list[tuple[Any, list[Any]]]:
+    return [(d, signatures_for_here(d)) for name in KERNEL_MODULES
+            for d in cached_dispatchers(importlib.import_module(name)).values()]
+
+
+def cache_state() -> dict[str, Any]:
+    """``state``: ``warm`` (every entry kernel cached for this CPU), ``cold``, ``uncached`` (no
+    writable cache location) or ``unknown``; ``cache_dirs``; ``detail``."""
+    try:
+        rows = importlib.import_module("portable_verify.backends.numba.rows")
+        if not rows.JIT["cache"]:
+            return {"state": "uncached", "detail": "no writable cache location"}
+        counts: dict[str, int] = {}
+        dirs: set[str] = set()
+        for name in KERNEL_MODULES:
+            for kernel, dispatcher in cached_dispatchers(importlib.import_module(name)).items():
+                counts[f"{name.rpartition('.')[2]}.{kernel}"] = len(signatures_for_here(dispatcher))
+                dirs.add(dispatcher._cache.cache_path)
+    except Exception as exc:  # private numba API: read as not cached
+        return {"state": "unknown", "detail": f"{type(exc).__name__}: {exc}"}
+    warm = all(counts.get(k, 0) > 0 for k in ENTRY_KERNELS)
+    return {"state": "warm" if warm else "cold", "cache_dirs": sorted(dirs),
+            "detail": f"{sum(counts.get(k, 0) > 0 for k in ENTRY_KERNELS)} of "
+                      f"{len(ENTRY_KERNELS)} entry kernels cached", "kernels": counts}
