@@ -428,7 +428,7 @@ def greedy_at(target_address, n_rows, v_size, drafts_address, b, k, counts, bonu
     making their numpy views costs more than a small call's whole decision."""
     target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
     drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
-    return greedy(target, drafts, counts, bonus, options, 0, b, outs)
+    return greedy(target, drafts, counts, bonus, options, np.int64(0), b, outs)  # one signature
 
 
 @numba.njit(inline="always", **JIT)
@@ -657,4 +657,4 @@ def decide_at(target_address, n_rows, v_size, drafts_address, b, k, arrays, opti
     """:func:`decide` on contiguous torch tensors given by address (see :func:`greedy_at`)."""
     target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
     drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
-    return decide(target, drafts, arrays, options, 0, b, outs)
+    return decide(target, drafts, arrays, options, np.int64(0), b, outs)  # one signature
