@@ -106,12 +106,13 @@ def _rule(options: VerifyOptions, temperature: Any) -> str | None:
 
 def _call(*, drafts: Any, counts: Any, target: Any, target_name: str, rows: Any, q: Any,
           q_rows: Any, temperature: Any, seed: Any, seed_offset: Any, uniforms: Any, bonus: Any,
-          options: VerifyOptions, validate: Any, backend: str, host: bool,
+          options: VerifyOptions, rule: str | None, validate: Any, backend: str, host: bool,
           return_numpy: bool) -> VerifyCall:
-    """The one place a :class:`VerifyCall` is built (every layout, both forms)."""
+    """The one place a :class:`VerifyCall` is built (every layout, both forms); ``rule`` is
+    :func:`_rule`'s answer for the call's options and temperature."""
     return VerifyCall(drafts, counts, target, target_name, rows, q, q_rows, temperature, seed,
-                      seed_offset, uniforms, bonus, options, _rule(options, temperature),
-                      validate, backend, host, return_numpy)
+                      seed_offset, uniforms, bonus, options, rule, validate, backend, host,
+                      return_numpy)
 
 
 # ------------------------------------------------------------------------- plain host form
@@ -188,7 +189,8 @@ def _host_call(drafts: Any, counts: Any, target: Any, target_name: str, rows: An
     if temps is False:
         return None
     seeds = offsets = None
-    if _rule(options, temps) is not None:  # (an all-greedy call reads no seed)
+    rule = _rule(options, temps)
+    if rule is not None:  # (an all-greedy call reads no seed)
         seeds = _plain_ints(seed, b)
         offsets = _plain_ints(seed_offset, b)
         if seeds is False or offsets is False:
@@ -205,7 +207,7 @@ def _host_call(drafts: Any, counts: Any, target: Any, target_name: str, rows: An
             return None
     return _call(drafts=drafts, counts=counts, target=target, target_name=target_name,
                  rows=rows, q=q, q_rows=qrows, temperature=temps, seed=seeds,
-                 seed_offset=offsets, uniforms=u, bonus=bonus_ids, options=options,
+                 seed_offset=offsets, uniforms=u, bonus=bonus_ids, options=options, rule=rule,
                  validate=validate, backend=backend, host=True, return_numpy=return_numpy)
 
 
@@ -276,7 +278,8 @@ def _general_padded(draft_token_ids: Any, target_logits: Any, target_probs: Any,
                  target=target.reshape(b * (k + 1), v), target_name=target_name, rows=None,
                  q=None if q is None else q.reshape(b * k, v), q_rows=None,
                  temperature=temperature, seed=seed, seed_offset=seed_offset, uniforms=u,
-                 bonus=bonus_token_ids, options=options, validate=validate, backend=backend,
+                 bonus=bonus_token_ids, options=options,
+                 rule=_rule(options, temperature), validate=validate, backend=backend,
                  host=False, return_numpy=return_numpy)
 
 
@@ -434,7 +437,8 @@ def _general_ragged(draft_token_ids: Any, num_draft_tokens: Any, cu_num_draft_to
     return _call(drafts=drafts, counts=counts, target=target, target_name=target_name, rows=rows,
                  q=q if has_q else None, q_rows=draft_rows if has_q else None,
                  temperature=temperature, seed=seed, seed_offset=seed_offset, uniforms=u,
-                 bonus=bonus_token_ids, options=options, validate=validate, backend=backend,
+                 bonus=bonus_token_ids, options=options,
+                 rule=_rule(options, temperature), validate=validate, backend=backend,
                  host=False, return_numpy=return_numpy)
 
 
@@ -477,9 +481,10 @@ def ragged_counts(sizes: Any, from_cu: bool, n_total: int, n_rows: int, max_k: i
     int64 extremes cannot wrap), accounting for exactly ``N`` drafts, within
     ``max_num_draft_tokens``; on devices the flags come back in one host transfer.
     """
-    require_at_most("max_num_draft_tokens", max_k, max(n_total, MAX_PADDED_WIDTH),
-                    f"no request has more than the call's N = {n_total} drafts, and a result "
-                    f"padded beyond N is at most {MAX_PADDED_WIDTH} positions wide")
+    if max_k is not None:
+        require_at_most("max_num_draft_tokens", max_k, max(n_total, MAX_PADDED_WIDTH),
+                        f"no request has more than the call's N = {n_total} drafts, and a "
+                        f"result padded beyond N is at most {MAX_PADDED_WIDTH} positions wide")
     name = "cu_num_draft_tokens" if from_cu else "num_draft_tokens"
     xp = np if isinstance(sizes, np.ndarray) else torch
     b = sizes.shape[0] - 1 if from_cu else sizes.shape[0]
@@ -594,8 +599,8 @@ def parse_rows(draft_token_ids: ArrayLike, target_rows: ArrayLike,
         rows=rows_t.to(device=device, dtype=torch.int64), q=q_t,
         q_rows=None if q_rows_t is None else q_rows_t.to(device=device, dtype=torch.int64),
         temperature=temperature, seed=seed, seed_offset=seed_offset, uniforms=u,
-        bonus=bonus_token_ids, options=options, validate=validate, backend=backend, host=False,
-        return_numpy=return_numpy)
+        bonus=bonus_token_ids, options=options, rule=_rule(options, temperature),
+        validate=validate, backend=backend, host=False, return_numpy=return_numpy)
 
 
 def _rows_of(x: Any) -> int:
