@@ -34,8 +34,8 @@ ENV_THREADS = "PORTABLE_VERIFY_OPENVINO_THREADS"
 
 CHAIN_RULES = ("rejection", "typical", "block")
 """The sampled rules of the chain graphs (``block``: backends/openvino/block.py)."""
-TREE_RULES = ("rejection", "typical")
-"""The sampled rules of the tree walk."""
+TREE_RULES = ("rejection", "typical", "traversal")
+"""The sampled rules of the tree walk (``traversal``: backends/openvino/traversal.py)."""
 
 
 class OpenVINOBackend(Backend):

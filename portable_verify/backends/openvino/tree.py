@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from portable_verify.backends.openvino.traversal import traversal_walk
 from portable_verify.backends.openvino.tree_graphs import TreeGraph
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
@@ -112,7 +113,8 @@ def verify_tree_openvino(backend: Any, inputs: TreeInputs, scalars: np.ndarray
         if inputs.all_greedy:
             path, final, a = greedy_walk(Walk(backend, inputs, tree, scalars))
         else:
-            walk = typical_walk if inputs.sampled_method == "typical" else rejection_walk
+            walk = {"typical": typical_walk, "traversal": traversal_walk}.get(
+                inputs.sampled_method, rejection_walk)
             path, final, a = walk(Walk(backend, inputs, tree, scalars))
             if not inputs.none_greedy:
                 row = np.asarray(inputs.temperature) == 0

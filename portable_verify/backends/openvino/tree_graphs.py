@@ -38,16 +38,18 @@ class TreeGraph:
 
     ``rows``: a node's normalised row ``p`` (and, for typical, its threshold and argmax);
     ``argmax``: the greedy argmax of raw rows; ``residual``: one rejected child folded in;
+    ``traversal``: traversal verification's fold of one rejected child into its parent;
     ``draw``: the inverse-CDF draw.
     """
 
-    kind: Literal["rows", "argmax", "residual", "draw"]
+    kind: Literal["rows", "argmax", "residual", "traversal", "draw"]
     is_logits: bool = False
     typical: bool = False
     children: str = "deterministic"
 
     def build(self) -> ov.Model:
-        builders = {"rows": _rows, "argmax": _argmax, "residual": _residual, "draw": _draw}
+        builders = {"rows": _rows, "argmax": _argmax, "residual": _residual,
+                    "traversal": _traversal, "draw": _draw}
         return builders[self.kind](self)
 
 
@@ -111,6 +113,30 @@ def _residual(graph: TreeGraph) -> ov.Model:
         outputs.append(ops.select(ops.greater(q_total, _f32(0.0)),
                                   ops.divide(removed, q_total), removed))
     return _model(outputs, params, "tree_residual")
+
+
+def _traversal(graph: TreeGraph) -> ov.Model:
+    """Traversal's fold of a rejected child (token ``x``) into its parent: ``r = max(f32(W) R -
+    Q, 0)`` with ``R = D / sum`` and its float32 sum ``S``; without replacement also ``Q`` without
+    ``x``, renormalised (after the subtraction). Deterministic children use ``Q = one-hot(x)``.
+    Inputs ``D [M, V]``, ``sum [M]``, ``W [M]``, (``Q [M, V]``), ``x [M]``."""
+    d, d_sum, w = _param("d", [-1, -1]), _param("d_sum", [-1]), _param("w", [-1])
+    x = _param("x", [-1], ov.Type.i64)
+    hit = ops.equal(ops.unsqueeze(_iota(_dim(d, 1)), _i64(0)), _col(x))  # [M, V]
+    if graph.children == "deterministic":
+        params, q = [d, d_sum, w, x], ops.convert(hit, "f32")
+    else:
+        q = _param("q", [-1, -1])
+        params = [d, d_sum, w, q, x]
+    law = ops.divide(d, _col(d_sum))
+    r = ops.maximum(ops.subtract(ops.multiply(_col(w), law), q), _f32(0.0))
+    outputs = [r, ops.reduce_sum(r, _i64([1]), False)]
+    if graph.children == "without_replacement":
+        removed = ops.select(hit, _f32(0.0), q)
+        q_total = ops.reduce_sum(removed, _i64([1]), True)
+        outputs.append(ops.select(ops.greater(q_total, _f32(0.0)),
+                                  ops.divide(removed, q_total), removed))
+    return _model(outputs, params, "tree_traversal")
 
 
 def _draw(graph: TreeGraph) -> ov.Model:

@@ -126,7 +126,7 @@ def _interpreter_availability() -> Availability:
 
 CHAIN_RULES = ("rejection", "typical", "block")
 """The sampled rules of the chain kernel (its ``typical`` and ``block`` switches)."""
-TREE_RULES = ("rejection", "typical")
+TREE_RULES = ("rejection", "typical", "traversal")
 """The sampled rules of the tree kernel."""
 
 

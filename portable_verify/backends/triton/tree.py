@@ -46,6 +46,8 @@ _scan_chunk, _typical_threshold = _chain._scan_chunk, _chain._typical_threshold
 PLACEHOLDER = tl.constexpr(PLACEHOLDER_TOKEN_ID)
 _TL_CORE = tl.core  # in the globals so the interpreter patches it at launch
 CHILDREN_CODES = {"deterministic": 0, "iid": 1, "without_replacement": 2}
+RULE_CODES = {"rejection": 0, "typical": 1, "traversal": 2}
+"""The kernel's ``RULE`` switch for sampled rows."""
 
 
 @_device
@@ -290,11 +292,211 @@ def _rejection_walk(rows, scratch, urow, tree, path, t_safe, scalars, IS_LOGITS:
     return a, final.to(a.dtype)
 
 
+@_device
+def _weight(w, r, s):
+    """Traversal's child weight ``min(f32(w) r / s, 1)`` in float32: 0 when ``w`` or ``r`` is 0,
+    1 when only ``s`` is (block verification's ``P_j``, so a chain rounds alike)."""
+    ratio = tl.minimum(w.to(tl.float32) * r / tl.where(s == 0, 1.0, s), 1.0)
+    return tl.where((w == 0) | (r == 0), 0.0, tl.where(s == 0, 1.0, ratio))
+
+
+@_device
+def _levels_at(lv, lanes, level):
+    """One level's scalars of the level record (see :func:`_traversal_walk`)."""
+    lm, ls, lres, lslot, lsum, lqs, lfresh = lv
+    return (_lane_value(lm, lanes, level), _lane_value(ls, lanes, level),
+            _lane_value(lres, lanes, level), _lane_value(lslot, lanes, level),
+            _lane_value(lsum, lanes, level), _lane_value(lqs, lanes, level),
+            _lane_value(lfresh, lanes, level))
+
+
+@_device
+def _law_values(here, scratch, x, at, t_safe, V, IS_LOGITS: tl.constexpr,
+                CHILDREN: tl.constexpr):
+    """``(R(x), Q(x))`` of the node ``here = (row, qrow, level)`` whose level scalars are ``at``:
+    its latest residual ``D / sum(D)`` or its row ``p``, and the law its children are drawn
+    from (the draft row, the stored one without replacement, or 1 for deterministic)."""
+    row, qrow, level = here
+    wbase, qsbase = scratch
+    m, s, res, slot, dsum, qs, fresh = at
+    if res > 0:
+        rx = tl.load(wbase + slot.to(tl.int64) * V + x) / dsum
+    else:
+        rx = _prob_at(row, x, x >= 0, t_safe, m, s, IS_LOGITS)
+    sx = rx * 0.0 + 1.0
+    if CHILDREN != 0:
+        sx, _raw = _draft_chunk(qrow, qsbase + level.to(tl.int64) * V, x, V, x, qs, fresh > 0,
+                                CHILDREN)
+    return rx, sx
+
+
+@_device
+def _traversal_enter(rows, tree, scratch, c, d, walk, t_safe, scalars, IS_LOGITS: tl.constexpr,
+                     CHILDREN: tl.constexpr, STATS_BLOCK: tl.constexpr):
+    """Enter child ``d`` of ``c``: its weight from ``c``'s *current* weight and law, its level's
+    scalars reset (row statistics read only when ``d`` has children: a leaf's are read at the
+    draw). ``walk`` is ``(nodes, lv, spare)``; returns the new one."""
+    tbase, target_stride, qbase, q_stride = rows
+    tok, par, valid, lanes = tree
+    V, _N, W, _eps, _alpha = scalars
+    nodes, lv, spare = walk
+    e_w, w_w, nxt, depth = nodes
+    lm, ls, lres, lslot, lsum, lqs, lfresh = lv
+    level = _lane_value(depth, lanes, c)
+    here = (tbase + c.to(tl.int64) * target_stride, qbase + c.to(tl.int64) * q_stride, level)
+    rx, sx = _law_values(here, scratch, _lane_value(tok, lanes, d).to(tl.int64),
+                         _levels_at(lv, lanes, level), t_safe, V, IS_LOGITS, CHILDREN)
+    e = _weight(_lane_value(w_w, lanes, c), rx, sx)
+    below = level + 1 < W - 1
+    first = tl.min(tl.where(valid & (par == d) & below, lanes, tl.max(lanes, 0) + 1), 0)
+    m = _lane_value(lm, lanes, level) * 0.0
+    s = m + 1.0
+    if IS_LOGITS:  # noqa: SIM102 - a constexpr branch: a combined test is not one in Triton
+        if first <= tl.max(lanes, 0):
+            _, m, s, _h = _row_stats(tbase + d.to(tl.int64) * target_stride, t_safe, V, False,
+                                     True, False, STATS_BLOCK)
+    at = lanes == level + 1
+    nodes = (tl.where(lanes == d, e, e_w), tl.where(lanes == d, e.to(tl.float64), w_w),
+             tl.where(lanes == d, first, nxt), tl.where(lanes == d, level + 1, depth))
+    lv = (tl.where(at, m, lm), tl.where(at, s, ls), tl.where(at, 0, lres), lslot, lsum, lqs,
+          tl.where(at, 1, lfresh))
+    return nodes, lv, spare
+
+
+@_device
+def _traversal_fold(here, scratch, x, wa, at, spare, t_safe, V, IS_LOGITS: tl.constexpr,
+                    CHILDREN: tl.constexpr, BLOCK: tl.constexpr):
+    """One rejection folded into the parent ``here``: ``r = max(f32(W) R - Q, 0)`` into the
+    spare scratch row with its float64 sum, and (without replacement) ``Q`` without ``x``,
+    stored unnormalised with its sum. Returns ``(S, sum of the stored Q)``."""
+    row, qrow, level = here
+    wbase, qsbase = scratch
+    m, s, res, slot, dsum, qs, fresh = at
+    qsrow = qsbase + level.to(tl.int64) * V
+    lane = tl.arange(0, BLOCK)
+    total = tl.sum(tl.zeros([BLOCK], tl.float64), 0)
+    q_total = total
+    wf = wa.to(tl.float32)
+    for start in range(0, V, BLOCK):
+        offs = start + lane
+        valid = offs < V
+        if res > 0:
+            law = tl.load(wbase + slot.to(tl.int64) * V + offs, mask=valid, other=0.0) / dsum
+        else:
+            law = _p_chunk(row, offs, V, t_safe, m, s, IS_LOGITS)
+        q, _raw = _draft_chunk(qrow, qsrow, offs, V, x, qs, fresh > 0, CHILDREN)
+        r = tl.maximum(wf * law - q, 0.0)
+        tl.store(wbase + spare.to(tl.int64) * V + offs, r, mask=valid)
+        total += tl.sum(tl.where(valid, r, 0.0).to(tl.float64), 0)
+        if CHILDREN == 2:  # after the subtraction: the rejected token leaves Q
+            kept_q = tl.where(offs == x, 0.0, q)
+            tl.store(qsrow + offs, kept_q, mask=valid)
+            q_total += tl.sum(tl.where(valid, kept_q, 0.0).to(tl.float64), 0)
+    tl.debug_barrier()  # later reads of this program see what its other threads stored
+    return total, q_total
+
+
+@_device
+def _traversal_reject(rows, tree, scratch, c, walk, t_safe, scalars, IS_LOGITS: tl.constexpr,
+                      CHILDREN: tl.constexpr, BLOCK: tl.constexpr):
+    """Node ``c`` failed its test: fold it into its parent ``a`` (``W_a <- S / (S + 1 - W_a)``,
+    the residual kept only when ``S > 0``, else ``W_a <- 0``), move ``a`` to its next child.
+    Returns ``(a, walk)``."""
+    tbase, target_stride, qbase, q_stride = rows
+    tok, par, valid, lanes = tree
+    V, _N, _W, _eps, _alpha = scalars
+    nodes, lv, spare = walk
+    e_w, w_w, nxt, depth = nodes
+    lm, ls, lres, lslot, lsum, lqs, lfresh = lv
+    a = _lane_value(par, lanes, c)
+    level = _lane_value(depth, lanes, a)
+    here = (tbase + a.to(tl.int64) * target_stride, qbase + a.to(tl.int64) * q_stride, level)
+    at = _levels_at(lv, lanes, level)
+    wa = _lane_value(w_w, lanes, a)
+    total, q_total = _traversal_fold(here, scratch, _lane_value(tok, lanes, c).to(tl.int64), wa,
+                                     at, spare, t_safe, V, IS_LOGITS, CHILDREN, BLOCK)
+    kept = total > 0
+    new_w = tl.where(kept, total / tl.where(kept, total + (1.0 - wa), 1.0), 0.0)
+    slot = at[3]
+    here_level = lanes == level
+    grown = tl.where(kept, here_level, lanes < 0)  # (a scalar mask & a vector: interpreter)
+    lv = (lm, ls, tl.where(grown, 1, lres), tl.where(grown, spare, lslot),
+          tl.where(grown, total.to(tl.float32), lsum),
+          tl.where(here_level, q_total.to(tl.float32), lqs), tl.where(here_level, 0, lfresh))
+    spare = tl.where(kept, slot, spare)
+    sibling = tl.min(tl.where(valid & (par == a) & (lanes > c), lanes, tl.max(lanes, 0) + 1), 0)
+    nodes = (e_w, tl.where(lanes == a, new_w, w_w), tl.where(lanes == a, sibling, nxt), depth)
+    return a, (nodes, lv, spare)
+
+
+@_device
+def _traversal_walk(rows, scratch, urow, tree, path, t_safe, scalars, IS_LOGITS: tl.constexpr,
+                    CHILDREN: tl.constexpr, STATS_BLOCK: tl.constexpr, BLOCK: tl.constexpr,
+                    NB: tl.constexpr):
+    """Traversal verification (docs/semantics.md): enter children down to the first remaining
+    leaf, test it (``u <= E and u <= W``), on a rejection fold it into its parent; the first
+    pass ends the walk, the root ends it with every child rejected. The draw reads the final
+    node's latest residual (its row ``p`` when none was stored).
+
+    State: per node lanes ``(E, W, next child, depth)``; per depth level (the node on the stack
+    there) ``(max, normaliser, residual stored?, its scratch slot, its sum, the stored Q's sum,
+    Q fresh?)``; residuals live in ``W + 1`` scratch rows per request (one spare, swapped in
+    when a residual is kept, so an empty one leaves the last one intact)."""
+    tbase, target_stride, _qbase, _q_stride = rows
+    tok, par, valid, lanes = tree
+    V, N, W, _eps, _alpha = scalars
+    wbase, _qsbase = scratch
+    zero = tl.zeros([NB], tl.float32)
+    lanes_i = lanes * 0
+    first = tl.min(tl.where(valid & (par == 0) & (W > 1), lanes, NB), 0)
+    nodes = (zero + 1.0, zero.to(tl.float64) + 1.0, tl.where(lanes == 0, first, NB), lanes_i)
+    m = t_safe * 0.0
+    s = m + 1.0
+    if IS_LOGITS:  # noqa: SIM102 - constexpr branch; the root's statistics (a leaf's: at the draw)
+        if first < NB:
+            _, m, s, _h = _row_stats(tbase, t_safe, V, False, True, False, STATS_BLOCK)
+    lv = (tl.where(lanes == 0, m, zero), tl.where(lanes == 0, s, zero + 1.0), lanes_i, lanes,
+          zero + 1.0, zero + 1.0, lanes_i + 1)
+    walk = (nodes, lv, first * 0 + W)  # slots 0..W-1 per level, W spare
+    c = first * 0
+    done = c < 0
+    while done == 0:
+        d = _lane_value(walk[0][2], lanes, c)
+        if d < NB:
+            walk = _traversal_enter(rows, tree, scratch, c, d, walk, t_safe, scalars, IS_LOGITS,
+                                    CHILDREN, STATS_BLOCK)
+            c = d
+        elif c == 0:
+            done = c == 0
+        else:
+            u = tl.load(urow + c - 1)
+            done = ((u <= _lane_value(walk[0][0], lanes, c))
+                    & (u.to(tl.float64) <= _lane_value(walk[0][1], lanes, c)))
+            if done == 0:
+                c, walk = _traversal_reject(rows, tree, scratch, c, walk, t_safe, scalars,
+                                            IS_LOGITS, CHILDREN, BLOCK)
+    a = _lane_value(walk[0][3], lanes, c)
+    m, s, res, slot, _dsum, _qs, _fresh = _levels_at(walk[1], lanes, a)
+    row = tbase + c.to(tl.int64) * target_stride
+    if IS_LOGITS:  # noqa: SIM102 - a constexpr branch: a combined test is not one in Triton
+        if res == 0:  # a leaf's statistics are read only now
+            _, m, s, _h = _row_stats(row, t_safe, V, False, True, False, STATS_BLOCK)
+    final = _draw(row, wbase + slot.to(tl.int64) * V, tl.where(res > 0, 0, -1),
+                  tl.load(urow + N - 1), t_safe, m, s, V, IS_LOGITS, BLOCK)
+    node = c
+    for i in range(NB):  # the path, written from the final node up
+        col = a - 1 - i
+        if col >= 0:
+            _record(path, col, node, tok, lanes)
+            node = _lane_value(par, lanes, node)
+    return a, final.to(a.dtype)
+
+
 @_kernel
 def _tree_kernel(
     rows, request, scratch, out, scalars,
     IS_LOGITS: tl.constexpr, HAS_U: tl.constexpr, HAS_GREEDY: tl.constexpr,
-    TYPICAL: tl.constexpr, CHILDREN: tl.constexpr, STATS_BLOCK: tl.constexpr,
+    RULE: tl.constexpr, CHILDREN: tl.constexpr, STATS_BLOCK: tl.constexpr,
     BLOCK: tl.constexpr, NB: tl.constexpr, WB: tl.constexpr,
 ):  # fmt: skip
     """Grid ``(B,)``: one request's walk from the root, its path and its next token."""
@@ -333,10 +535,15 @@ def _tree_kernel(
         a, final = _greedy_walk((tbase, target_stride, qbase, q_stride), tree, path, t_safe,
                                 scalars, STATS_BLOCK, NB)
     else:
-        if TYPICAL:
+        if RULE == 1:
             a, final = _typical_walk((tbase, target_stride, qbase, q_stride), tree, path, t_safe,
                                      tl.load(urow + N - 1), scalars, IS_LOGITS, STATS_BLOCK,
                                      BLOCK, NB)
+        elif RULE == 2:
+            a, final = _traversal_walk(
+                (tbase, target_stride, qbase, q_stride),
+                (w_ptr + b.to(tl.int64) * (W + 1) * V, qs_ptr + b.to(tl.int64) * W * V), urow,
+                tree, path, t_safe, scalars, IS_LOGITS, CHILDREN, STATS_BLOCK, BLOCK, NB)
         else:
             a, final = _rejection_walk(
                 (tbase, target_stride, qbase, q_stride),
@@ -365,14 +572,13 @@ def verify_tree_triton(inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, 
     if b == 0:
         return tokens, nodes, accepted
     sampled = not inputs.all_greedy
-    typical = sampled and inputs.sampled_method == "typical"
-    exact = sampled and not typical
-    rows, request, scratch, scalars = _records(inputs, interpreted, exact)
+    rule = RULE_CODES.get(inputs.sampled_method, 0) if sampled else 0
+    rows, request, scratch, scalars = _records(inputs, interpreted, sampled and rule != 1)
     v = scalars[0]
     mod._tree_kernel[(b,)](
         rows, request, scratch, (tokens, nodes, accepted), scalars,
         IS_LOGITS=inputs.target_is_logits, HAS_U=inputs.uniforms is not None,
-        HAS_GREEDY=not inputs.none_greedy, TYPICAL=typical,
+        HAS_GREEDY=not inputs.none_greedy, RULE=rule,
         CHILDREN=CHILDREN_CODES[inputs.children],
         STATS_BLOCK=_chain._block(v, 1024 if interpreted else 4096),
         BLOCK=_chain._block(v, 1024 if interpreted else 2048),
@@ -398,8 +604,14 @@ def _records(inputs: TreeInputs, interpreted: bool,
          else _chain._rows_contiguous(inputs.draft_probs, interpreted))
     temps = inputs.temperature.to(torch.float32).contiguous()
     wr = exact and inputs.children == "without_replacement"
-    scratch = torch.empty((b * 2 * v if exact else 1,), dtype=torch.float32, device=device)
-    q_scratch = torch.empty((b * v if wr else 1,), dtype=torch.float32, device=device)
+    # Residual rows per request: two (ping-pong) for the token-level rule; for traversal one per
+    # depth level plus a spare, and one stored draft row per level without replacement.
+    traversal = exact and inputs.sampled_method == "traversal"
+    levels = width if traversal else 1
+    rows_per = width + 1 if traversal else 2
+    scratch = torch.empty((b * rows_per * v if exact else 1,), dtype=torch.float32,
+                          device=device)
+    q_scratch = torch.empty((b * levels * v if wr else 1,), dtype=torch.float32, device=device)
     request = (inputs.node_token_ids.contiguous(), inputs.parents.contiguous(),
                inputs.num_nodes.contiguous(), temps,
                inputs.uniforms.contiguous() if inputs.uniforms is not None else temps)
