@@ -201,10 +201,12 @@ def _select(requested: str, device_type: str, rule: str | None, layout: str) -> 
         return _automatic(requested.partition(":")[2], rule, layout)
     backend = get_backend(_canonical(requested, device_type))
     if not backend.traits.implements(layout, rule):
-        lacks = (f"does not verify {layout}s" if layout not in backend.traits.layouts
-                 else f"does not implement {_what(rule, layout)}")
-        raise ValueError(f"backend {backend.qualified_name!r} {lacks}; use backend=\"auto\" "
-                         f"or one of {_backends_with(rule, layout)}")
+        name = backend.qualified_name
+        lacks = (f"backend {name!r} does not verify {layout}s"
+                 if layout not in backend.traits.layouts
+                 else f"{_what(rule, layout)} is not implemented by backend {name!r}")
+        raise ValueError(f"{lacks}; use backend=\"auto\" or one of "
+                         f"{_backends_with(rule, layout)}")
     return backend
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 
 import pytest
 import torch
@@ -217,7 +218,10 @@ def test_tree_arguments_are_checked(pair):
                         "method"),
                        (lambda: tree_generate(target, draft, _prompt(0), max_new_tokens=4,
                                               shape=TreeShape(2, 2, 2), method="rejection",
-                                              temperature=0.0), "temperature")):
+                                              temperature=-0.5), "temperature"),
+                       (lambda: tree_generate(target, draft, _prompt(0), max_new_tokens=4,
+                                              shape=TreeShape(2, 2, 2), method="traversal",
+                                              children="top_k"), "children")):
         with pytest.raises(ValueError, match=match):
             bad()
 
@@ -237,9 +241,14 @@ def test_cli_tree_option():
     for bad, match in ((("--tree", "2y4"), "WIDTHxDEPTH"),
                        (("--tree", "2x4", "--batch", "2"), "batch 1"),
                        (("--tree", "2x4", "--method", "typical"), "method"),
-                       (("--tree", "2x4", "--draft", "ngram"), "ngram")):
+                       (("--tree", "2x4", "--draft", "ngram"), "ngram"),
+                       (("--method", "traversal"), "--method traversal verifies trees only"),
+                       (("--children", "iid"), "--children"),
+                       (("--tree", "2x4", "--method", "traversal", "--dense"), "--dense")):
         with pytest.raises(ValueError, match=match):
             _e2e_args(*bad)
+    cfg, _ = _e2e_args("--tree", "2x4", "--method", "traversal", "--children", "iid")
+    assert (cfg.method, cfg.children, cfg.ks) == ("traversal", "iid", (4,))
 
 
 @pytest.mark.slow
@@ -261,3 +270,199 @@ def test_cli_tree_on_the_default_model(capsys):
     (row,) = data["tree_comparison"]
     assert row["chain"] == "spec k=3" and row["scored_nodes"] == 4
     assert row["accepted_per_forward_gain_spread"]["n"] == 1
+
+
+# Traversal verification end to end: the tree loop under ``method="traversal"``, paired with
+# the token-level rule on identical steps.
+
+
+@pytest.mark.parametrize("spec", ["2x3", "3x4:8"])
+def test_traversal_tree_at_temperature_zero_equals_target_only_greedy(pair, spec):
+    """Traversal's greedy rows are greedy: at T = 0 the tree loop under traversal reproduces
+    ``generate(do_sample=False)`` token for token, bushy trees included."""
+    target, draft = pair
+    scattered = 0
+    for seed in range(3):
+        ids = _prompt(seed)
+        out = tree_generate(target, draft, ids, max_new_tokens=32, shape=TreeShape.parse(spec),
+                            method="traversal", temperature=0.0, pad_token_id=0)
+        assert torch.equal(out.sequences, _reference(target, ids, 32)), (spec, seed)
+        scattered += out.metrics.scattered_steps
+    assert scattered > 0
+
+
+@pytest.mark.parametrize("children", ["without_replacement", "iid"])
+def test_traversal_sampled_runs_are_valid_and_reproducible(pair, children):
+    target, draft = pair
+    ids = _prompt(1)
+    kw = dict(max_new_tokens=24, shape=TreeShape(3, 3, 5), method="traversal",
+              temperature=1.0, children=children)
+    a = tree_generate(target, draft, ids, seed=5, **kw)
+    b = tree_generate(target, draft, ids, seed=5, **kw)
+    c = tree_generate(target, draft, ids, seed=6, **kw)
+    assert a.new_tokens == b.new_tokens and a.new_tokens != c.new_tokens
+    assert len(a.new_tokens[0]) == 24 and all(0 <= t < VOCAB for t in a.new_tokens[0])
+    assert a.metrics.accepted_tokens > 0
+
+
+def test_iid_siblings_are_draws_from_the_whole_row(pair):
+    """``children="iid"``: the siblings are inverse-CDF draws from the spine's own row (the
+    spine token not removed), the kept positions the same as without replacement."""
+    _, draft = pair
+    step_model = hf.as_step_model(draft)
+    shape = TreeShape(4, 3, 8)
+    trees = {}
+    for children in tree_loop.SAMPLED_CHILDREN:
+        how = tree_loop.Drafting(1.0, torch.tensor([3]), 0, 1.0, children)
+        with torch.inference_mode():
+            cache = step_model.new_cache()
+            ids = _prompt(2)
+            logits = step_model.logits(ids, cache, torch.arange(6)[None], None, True)
+            spine, rows = tree_loop._spine(step_model, cache, logits, 5, shape.depth, how)
+            sibs = tree_loop._siblings(spine, rows, shape.width, how)
+            cache = step_model.new_cache()
+            step_model.logits(ids, cache, torch.arange(6)[None], None, True)
+            trees[children] = tree_loop.draft_tree(step_model, cache, logits, ids[0, -1], 5,
+                                                   shape, how)
+        u = how.uniforms(tree_loop.SIBLING_OFFSET, shape.depth * 3).reshape(-1, 3)
+        if children == "iid":
+            for r in range(3):
+                assert torch.equal(sibs[:, r], hf._draw(rows, u[:, r]))
+        else:
+            assert all(int(s) != int(x) for s, row in zip(spine, sibs, strict=True) for x in row)
+    iid, wr = trees["iid"], trees["without_replacement"]
+    assert torch.equal(iid.parents, wr.parents) and torch.equal(iid.draft_probs, wr.draft_probs)
+
+
+class _Spy:
+    """``verify_tree`` that records every call's arguments and result."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, dict, object]] = []
+
+    def __call__(self, *args, **kwargs):
+        from portable_verify import verify_tree
+
+        result = verify_tree(*args, **kwargs)
+        self.calls.append((args, kwargs, result))
+        return result
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) \
+            and a.shape == b.shape and torch.equal(a, b)
+    return a == b
+
+
+def _pairs_judged_alike(calls) -> bool:
+    """Calls come as (the run's rule, the shadow's rule) on identical inputs: the same
+    positional arguments and every keyword but the method equal."""
+    if len(calls) % 2:
+        return False
+    for (a_args, a_kw, _), (b_args, b_kw, _) in zip(calls[::2], calls[1::2], strict=True):
+        a_rest = {k: v for k, v in a_kw.items() if k not in ("method", "options")}
+        b_rest = {k: v for k, v in b_kw.items() if k not in ("method", "options")}
+        if len(a_args) != len(b_args) or not all(map(_same, a_args, b_args)) \
+                or a_rest.keys() != b_rest.keys() \
+                or not all(_same(a_rest[k], b_rest[k]) for k in a_rest):
+            return False
+    return True
+
+
+@pytest.mark.parametrize("children", ["without_replacement", "iid"])
+def test_the_shadow_judges_each_tree_step_on_identical_inputs(pair, children):
+    """The paired figure's premise: every step of a traversal run is also judged by the
+    token-level rule on the very same tree, target and draft rows, seed and step offset, and
+    the counts kept are what each rule returns there (recomputed by direct calls). Negative
+    control: a shadow handed the next step's random numbers must fail the same check."""
+    from portable_verify import VerifyOptions, verify_tree
+    from portable_verify.e2e.paired import TREE_PAIRED_METHODS, ShadowVerifier
+
+    target, draft = pair
+    differ = 0
+    for method in TREE_PAIRED_METHODS:
+        spy = _Spy()
+        shadow = ShadowVerifier(method, time.perf_counter, TREE_PAIRED_METHODS, spy)
+        out = tree_generate(target, draft, _prompt(4), max_new_tokens=40,
+                            shape=TreeShape(3, 4, 8), method=method, temperature=1.0,
+                            children=children, seed=2, verifier=shadow)
+        calls = spy.calls
+        assert len(calls) == 2 * out.metrics.steps and _pairs_judged_alike(calls)
+        assert [kw.get("method") for _, kw, _ in calls[::2]] == [method] * out.metrics.steps
+        other = TREE_PAIRED_METHODS[1] if method == TREE_PAIRED_METHODS[0] \
+            else TREE_PAIRED_METHODS[0]
+        assert all(kw["options"] == VerifyOptions(other) for _, kw, _ in calls[1::2])
+        first, second = shadow.accepted()
+        for (args, kw, _), a, b in zip(calls[::2], first, second, strict=True):
+            rest = {k: v for k, v in kw.items() if k != "method"}
+            direct = {m: int(verify_tree(*args, method=m, **rest).num_accepted[0])
+                      for m in TREE_PAIRED_METHODS}
+            assert (a, b) == (direct["traversal"], direct["rejection"])
+        assert sum(first if method == "traversal" else second) == out.metrics.accepted_tokens
+        differ += sum(a != b for a, b in zip(first, second, strict=True))
+        assert shadow.first_minus_second() == [a - b for a, b in zip(first, second,
+                                                                    strict=True)]
+    assert differ > 0, "the steps must tell the two rules apart somewhere"
+
+    class Skewed(ShadowVerifier):  # the control: the shadow sees the next step's uniforms
+        def __call__(self, *args, **kwargs):
+            result = self.fn(*args, **kwargs)
+            kwargs = {**kwargs, "seed_offset": kwargs["seed_offset"] + 1}
+            kwargs.pop("method")
+            self.fn(*args, options=VerifyOptions("rejection"), **kwargs)
+            return result
+
+    spy = _Spy()
+    tree_generate(target, draft, _prompt(4), max_new_tokens=16, shape=TreeShape(3, 4, 8),
+                  method="traversal", temperature=1.0, children=children, seed=2,
+                  verifier=Skewed("traversal", time.perf_counter, TREE_PAIRED_METHODS, spy))
+    assert not _pairs_judged_alike(spy.calls)
+
+
+def _tiny_runner(monkeypatch, pair):
+    """The e2e runner on the tiny pair: no model files, no tokenizer."""
+    from types import SimpleNamespace
+
+    from portable_verify.e2e import runner
+    from portable_verify.e2e.runtimes import Engines
+
+    target, draft = pair
+    tok = SimpleNamespace(eos_token_id=None, pad_token_id=0)
+    engines = Engines(target, draft, tok, "tiny target", "tiny draft", 0.0, 0.0)
+    prompts = [(_prompt(s), torch.ones(1, 6, dtype=torch.int64)) for s in (5, 6)]
+    monkeypatch.setattr(runner, "load_engines", lambda cfg, say: engines)
+    monkeypatch.setattr(runner, "prompt_batches", lambda tokenizer, cfg: prompts)
+    return runner
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_e2e_traversal_runs_beside_the_token_level_rule(monkeypatch, pair, temperature):
+    """``e2e --tree --method traversal``: per tree, traversal and the token-level rule
+    alternated, each step judged by both; the chain at ``k = nodes`` runs block. At T = 0
+    everything is greedy (checked against target-only) and no step tells the rules apart."""
+    from portable_verify.e2e.config import E2EConfig
+
+    runner = _tiny_runner(monkeypatch, pair)
+    cfg = E2EConfig(method="traversal", temperature=temperature, trees=("3x3:5",), ks=(5,),
+                    max_new_tokens=16, num_prompts=2, rounds=2, children="iid")
+    data = runner.run_e2e(cfg)
+    names = [r["name"] for r in data["results"]]
+    assert names == ["target-only", "spec k=5", "tree 3x3:5 traversal", "tree 3x3:5 rejection"]
+    assert [r["method"] for r in data["results"][1:]] == ["block", "traversal", "rejection"]
+    (c,) = data["traversal_comparison"]
+    trees = data["results"][2:]
+    assert c["trials"] == 4 and c["same_step_row_steps"] == sum(r["steps"] for r in trees)
+    assert c["gain_runs"]["n"] == 4 and c["tokens_per_s_ratio"]["n"] == 4
+    trav = trees[0]
+    assert c["accepted_per_forward_runs_traversal"] == pytest.approx(
+        trav["accepted_drafts_per_target_forward"])
+    gain = c["gain_same_steps"]
+    assert gain["low"] <= gain["mean"] <= gain["high"]
+    assert len(data["tree_comparison"]) == 2
+    assert data["equality_checked"] is (temperature == 0)
+    if temperature == 0:
+        assert all(r["greedy_equal"] for r in data["results"][1:])
+        assert c["same_step_positive"] == c["same_step_negative"] == 0 == gain["mean"]
+    else:
+        assert c["same_step_positive"] + c["same_step_negative"] > 0

@@ -49,10 +49,16 @@ def add_parser(subparsers: Any) -> None:
                    "NODES most valuable (default DEPTH) scored in one target forward; each "
                    "runs beside the chain "
                    "with k = NODES (batch 1, torch runtime)")
-    p.add_argument("--method", choices=("greedy", "rejection", "typical", "block"), default=None,
+    p.add_argument("--method", choices=("greedy", "rejection", "typical", "block", "traversal"),
+                   default=None,
                    help="verification method (default greedy); block runs block verification "
                    "and token-wise rejection alternated on the same prompts and seeds, and "
-                   "reports the gain in accepted drafts per step with its 95%% interval")
+                   "reports the gain in accepted drafts per step with its 95%% interval; "
+                   "traversal (with --tree) does the same for traversal verification against "
+                   "the token-level tree rule (its chains run block)")
+    p.add_argument("--children", choices=("without_replacement", "iid"), default=None,
+                   help="--tree at temperature > 0: siblings drawn from the draft's tempered "
+                   "row without replacement (default) or iid")
     p.add_argument("--temperature", type=float, default=1.0,
                    help="temperature of sampled methods (default 1.0)")
     p.add_argument("--batch", type=int, default=None, help="prompts per batch (default 1)")
@@ -87,7 +93,7 @@ def add_parser(subparsers: Any) -> None:
 _FIELD_FLAGS = {"temperature": "--temperature", "batch": "--batch", "threads": "--threads",
                 "num_prompts": "--prompts", "max_new_tokens": "--max-new-tokens",
                 "rounds": "--rounds", "ks": "--k", "clock": "--clock", "runtime": "--runtime",
-                "prompt_set": "--prompt-set", "preset": "--preset"}
+                "prompt_set": "--prompt-set", "preset": "--preset", "children": "--children"}
 
 
 def check(args: argparse.Namespace) -> None:
@@ -176,7 +182,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[E2EConfig, list[str]]:
     cfg = E2EConfig(target=args.target, draft=args.draft, runtime=args.runtime, dtype=args.dtype,
                     temperature=args.temperature, seed=args.seed, threads=args.threads,
                     clock=args.clock, prompt_set=args.prompt_set, preset=args.preset,
-                    trees=trees, **chosen)
+                    trees=trees, children=args.children or "without_replacement", **chosen)
     return cfg, notes
 
 
@@ -232,6 +238,8 @@ def render(data: dict[str, Any], console: Any) -> None:
                       f"{s['dense_ms_per_step']:.2f} ms/step)")
     for c in data.get("block_comparison", []):
         console.print(_block_line(c))
+    for c in data.get("traversal_comparison", []):
+        console.print(_traversal_line(c))
     flags = ",".join(ctx["cpu_flags"]) or "none found"
     console.print(f"[dim]{ctx['note']}; one-time conversion {ctx['conversion_time_s']:.1f} s, "
                   f"load {ctx['load_time_s']:.1f} s; CPU {ctx['machine']['cpu']} "
@@ -256,6 +264,21 @@ def _block_line(c: dict[str, Any]) -> str:
             f"{c['same_step_positive']} more, {c['same_step_negative']} fewer); tokens/s "
             f"{_fmt(c['tokens_per_s_block'], '.1f')} vs {_fmt(c['tokens_per_s_rejection'], '.1f')}"
             f", per-trial ratio {ratio}")
+
+
+def _traversal_line(c: dict[str, Any]) -> str:
+    """Traversal against the token-level rule on one tree: same steps first, then whole runs."""
+    rel = c["gain_same_steps_relative"]
+    pct = "" if rel is None else f" ({100 * rel['mean']:+.1f}%)"
+    r = c["tokens_per_s_ratio"]
+    ratio = "-" if r is None else f"{r['median']:.3f}x ({r['min']:.3f}-{r['max']:.3f})"
+    return (f"traversal vs token-level, tree {c['tree']}: accepted drafts per target forward "
+            f"on the same steps {_fmt(c['accepted_per_forward_traversal'], '.3f')} vs "
+            f"{_fmt(c['accepted_per_forward_token_level'], '.3f')}; gain "
+            f"{_interval(c['gain_same_steps'])}{pct} (95%, {c['trials']} trials, "
+            f"{c['same_step_row_steps']} steps: {c['same_step_positive']} more, "
+            f"{c['same_step_negative']} fewer); whole runs {_interval(c['gain_runs'])}; "
+            f"tokens/s ratio per trial {ratio}")
 
 
 def _split(r: dict[str, Any]) -> str:

@@ -81,7 +81,9 @@ class E2EConfig:
     clock: str = "wall"  # "wall" or "cpu" (process CPU time: waiting for a core left out)
     preset: str | None = None
     typical: TypicalParams = DEFAULT_TYPICAL
-    trees: tuple[str, ...] = ()  # tree shapes "WxD[:M]" (batch 1, torch, greedy or rejection)
+    trees: tuple[str, ...] = ()  # tree shapes "WxD[:M]" (batch 1, torch; greedy, rejection
+    # or traversal)
+    children: str = "without_replacement"  # trees at T > 0: siblings drawn so, or "iid"
 
     def __post_init__(self) -> None:
         if self.prompt_set not in PROMPT_SETS:
@@ -110,9 +112,17 @@ class E2EConfig:
             raise ValueError("the cpu clock sums every thread's time: use it with threads=1")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.method == "block" and self.dense:
-            raise ValueError("method 'block' runs block beside token-wise rejection; the dense "
-                             "verifier has no block rule (drop --dense)")
+        if self.method in ("block", "traversal") and self.dense:
+            raise ValueError(f"method {self.method!r} runs beside token-wise rejection; the "
+                             f"dense verifier has no {self.method} rule (drop --dense)")
+        if self.method == "traversal" and not self.trees:
+            raise ValueError("--method traversal verifies trees only: give --tree (on a chain "
+                             "traversal is block verification: --method block)")
+        if self.children not in ("without_replacement", "iid"):
+            raise ValueError("children must be 'without_replacement' or 'iid', got "
+                             f"{self.children!r}")
+        if self.children != "without_replacement" and not self.trees:
+            raise ValueError("--children sets how a tree's siblings are drawn: give --tree")
         if self.trees:
             self._check_trees()
 
@@ -121,10 +131,11 @@ class E2EConfig:
 
         for text in self.trees:
             TreeShape.parse(text)
-        if self.batch != 1 or self.runtime != "torch" or self.method not in ("greedy", "rejection"):
-            raise ValueError("--tree runs batch 1 in the torch runtime with method greedy or "
-                             f"rejection; got batch {self.batch}, runtime {self.runtime}, "
-                             f"method {self.method}")
+        if self.batch != 1 or self.runtime != "torch" \
+                or self.method not in ("greedy", "rejection", "traversal"):
+            raise ValueError("--tree runs batch 1 in the torch runtime with method greedy, "
+                             f"rejection or traversal; got batch {self.batch}, runtime "
+                             f"{self.runtime}, method {self.method}")
         if self.draft == "ngram":
             raise ValueError("--tree drafts with a draft model's distributions: it needs a "
                              "model draft, not ngram")

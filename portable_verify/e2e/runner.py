@@ -5,6 +5,11 @@ asked) run round by round over the same prompt batches, the starting configurati
 round, so a burst of load from another process hits them alike and the *ratios* stay meaningful
 on a shared machine. Each speed-up is reported with its spread: one ratio per (round, batch),
 each against target-only decoding of the same batch in the same round.
+
+Paired rules (``method="block"`` on chains, ``method="traversal"`` on trees) run as two
+configurations alternated ABAB over trials, each step of each judged by both rules on identical
+inputs (:class:`~portable_verify.e2e.paired.ShadowVerifier`); intervals are over trials (one
+prompt batch in one round), never over steps.
 """
 
 from __future__ import annotations
@@ -19,11 +24,17 @@ from typing import Any
 
 import torch
 
+from portable_verify import verify_tree
 from portable_verify.bench import environment
 from portable_verify.core.types import VerifyOptions
 from portable_verify.e2e.config import E2EConfig
 from portable_verify.e2e.dense_verifier import dense_verifier
-from portable_verify.e2e.paired import PAIRED_METHODS, ShadowVerifier, mean_interval
+from portable_verify.e2e.paired import (
+    PAIRED_METHODS,
+    TREE_PAIRED_METHODS,
+    ShadowVerifier,
+    mean_interval,
+)
 from portable_verify.e2e.runtimes import Engines, load_engines
 from portable_verify.e2e.tree_loop import TreeLoopMetrics, TreeShape, tree_generate
 from portable_verify.integrations import hf
@@ -50,6 +61,9 @@ class Contender:
     mismatched_rows: int = 0
     accepted_per_step: list[float] = field(default_factory=list)  # one per (round, batch)
     same_step_diffs: list[list[int]] = field(default_factory=list)  # block - rejection, same
+    # Trees under traversal, per trial: (traversal's, the token-level rule's) accepted drafts
+    # per step, both judged on that step's identical inputs.
+    same_step_accepted: list[tuple[list[int], list[int]]] = field(default_factory=list)
 
     def summary(self, greedy: bool, baseline_tokens_per_s: float) -> dict[str, Any]:
         """Plain data: the loop's metrics, the speed-up with its spread, the greedy check."""
@@ -139,12 +153,21 @@ def prefix_match(a: list[int], b: list[int]) -> int:
     return n
 
 
+def _chain_methods(method: str) -> tuple[str, ...]:
+    """The chains' methods: the pair under block; block under traversal (traversal on a chain
+    is block verification exactly, and ``verify`` names it so)."""
+    if method == "block":
+        return PAIRED_METHODS
+    return ("block",) if method == "traversal" else (method,)
+
+
 def contenders(cfg: E2EConfig) -> list[Contender]:
     """Target-only first, then speculative at each ``k`` (and with the dense verifier); with
-    ``method="block"`` each ``k`` runs block and token-wise rejection side by side."""
+    ``method="block"`` each ``k`` runs block and token-wise rejection side by side; with
+    ``method="traversal"`` each tree runs traversal and the token-level rule side by side."""
     runs = [Contender("target-only", 0, "-", hf.LoopMetrics(k=0))]
     verifiers = ["verify", "dense"] if cfg.dense else ["verify"]
-    methods = PAIRED_METHODS if cfg.method == "block" else (cfg.method,)
+    methods = _chain_methods(cfg.method)
     for v in verifiers:
         for k in cfg.ks:
             for method in methods:
@@ -152,24 +175,33 @@ def contenders(cfg: E2EConfig) -> list[Contender]:
                     + (f" {method}" if len(methods) > 1 else "")
                 metrics = hf.LoopMetrics(k=k, accepted_per_position=[0] * k)
                 runs.append(Contender(name, k, v, metrics, method))
+    tree_methods = TREE_PAIRED_METHODS if cfg.method == "traversal" else (cfg.method,)
     for text in cfg.trees:
         shape = TreeShape.parse(text)
-        runs.append(Contender(f"tree {shape.label}", shape.depth, "verify_tree",
-                              TreeLoopMetrics(k=shape.depth,
-                                              accepted_per_position=[0] * shape.depth),
-                              method=cfg.method, tree=shape))
+        for method in tree_methods:
+            name = f"tree {shape.label}" + (f" {method}" if len(tree_methods) > 1 else "")
+            runs.append(Contender(name, shape.depth, "verify_tree",
+                                  TreeLoopMetrics(k=shape.depth,
+                                                  accepted_per_position=[0] * shape.depth),
+                                  method=method, tree=shape))
     return runs
 
 
+def _pairs(runs: list[Contender]) -> list[tuple[Contender, Contender]]:
+    """The paired runs: same ``k``, verifier and tree, methods a pair (first, second)."""
+    return [(a, b) for a in runs for b in runs
+            if (a.method, b.method) in (PAIRED_METHODS, TREE_PAIRED_METHODS)
+            and (a.k, a.verifier, a.tree) == (b.k, b.verifier, b.tree)]
+
+
 def _alternate(order: list[Contender], flip: bool) -> list[Contender]:
-    """``order`` with each k's block and rejection runs swapped when ``flip``: the pair runs
-    ABAB over successive trials, whatever the rotation did."""
+    """``order`` with each pair's two runs swapped when ``flip``: the pair runs ABAB over
+    successive trials, whatever the rotation did."""
     if not flip:
         return order
     out = list(order)
-    for k in {r.k for r in order if r.method == PAIRED_METHODS[0]}:
-        i, j = (next(n for n, r in enumerate(out) if r.k == k and r.method == m)
-                for m in PAIRED_METHODS)
+    for a, b in _pairs(order):
+        i, j = out.index(a), out.index(b)
         out[i], out[j] = out[j], out[i]
     return out
 
@@ -197,6 +229,19 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
     greedy = cfg.greedy
     clock = time.process_time if cfg.clock == "cpu" else time.perf_counter
 
+    def tree_run(run: Contender, ids: torch.Tensor, n: int, seed: int) -> Any:
+        shadow = ShadowVerifier(run.method, clock, TREE_PAIRED_METHODS, verify_tree) \
+            if cfg.method == "traversal" else None
+        out = tree_generate(engines.target, engines.draft, ids, max_new_tokens=n,
+                            shape=run.tree, method=run.method, temperature=cfg.temperature,
+                            seed=seed, eos_token_id=eos, pad_token_id=pad,
+                            children=cfg.children, verifier=shadow or verify_tree, clock=clock)
+        if shadow is not None:  # the shadow call is the measurement's, not the run's
+            out.metrics.verify_time_s -= shadow.shadow_time_s
+            out.metrics.decode_time_s -= shadow.shadow_time_s
+            run.same_step_accepted.append(shadow.accepted())
+        return out
+
     def generate(run: Contender, ids: torch.Tensor, mask: torch.Tensor, n: int,
                  seed: int) -> Any:
         if run.k == 0:
@@ -204,10 +249,7 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
                                            max_new_tokens=n, eos_token_id=eos, pad_token_id=pad,
                                            clock=clock)
         if run.tree is not None:
-            return tree_generate(engines.target, engines.draft, ids, max_new_tokens=n,
-                                 shape=run.tree, method=cfg.method,
-                                 temperature=cfg.temperature, seed=seed, eos_token_id=eos,
-                                 pad_token_id=pad, clock=clock)
+            return tree_run(run, ids, n, seed)
         shadow = ShadowVerifier(run.method, clock) if run.method in PAIRED_METHODS \
             and cfg.method == "block" else None
         verifier = dense_verifier(seed) if run.verifier == "dense" else shadow
@@ -226,6 +268,7 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
     for run in runs:
         generate(run, ids0, mask0, 4, cfg.seed)
         run.same_step_diffs.clear()
+        run.same_step_accepted.clear()
     reference: dict[int, list[list[int]]] = {}
     total = cfg.rounds * len(batches) * len(runs)
     done = 0
@@ -308,6 +351,9 @@ def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
         data["block_comparison"] = [block_comparison(runs, k) for k in cfg.ks]
     if cfg.trees:
         data["tree_comparison"] = tree_comparison(runs)
+    if cfg.trees and cfg.method == "traversal":
+        data["traversal_comparison"] = [traversal_comparison(runs, TreeShape.parse(t))
+                                        for t in cfg.trees]
     return data
 
 
@@ -337,6 +383,57 @@ def block_comparison(runs: list[Contender], k: int) -> dict[str, Any]:
                                                           strict=True)]),
     }
 
+
+
+def _trial_means(pairs: list[tuple[list[int], list[int]]]) -> tuple[list[float], list[float]]:
+    """Per trial, the mean accepted drafts per step of each rule over that trial's steps."""
+    kept = [(a, b) for a, b in pairs if a]
+    return [statistics.fmean(a) for a, _ in kept], [statistics.fmean(b) for _, b in kept]
+
+
+def traversal_comparison(runs: list[Contender], shape: TreeShape) -> dict[str, Any]:
+    """Traversal against the token-level tree rule on tree ``shape``: accepted drafts per target
+    forward of each on the same steps (both runs' steps, each judged by both rules), the paired
+    difference with its 95% Student-t interval over trials, and the whole-run comparison."""
+    trav, tok = (next(r for r in runs if r.tree == shape and r.method == m)
+                 for m in TREE_PAIRED_METHODS)
+    trials = [(a + c, b + d) for (a, b), (c, d) in zip(trav.same_step_accepted,
+                                                      tok.same_step_accepted, strict=True)]
+    first = [x for a, _ in trials for x in a]
+    second = [x for _, b in trials for x in b]
+    mean_first, mean_second = _trial_means(trials)
+    diff = mean_interval([a - b for a, b in zip(mean_first, mean_second, strict=True)])
+    base = statistics.fmean(second) if second else float("nan")
+    runs_diff = [a - b for a, b in zip(trav.accepted_per_step, tok.accepted_per_step,
+                                       strict=True)]
+    return {
+        "tree": shape.label,
+        "trials": len(mean_first),
+        "same_step_row_steps": len(first),
+        "accepted_per_forward_traversal": statistics.fmean(first) if first else None,
+        "accepted_per_forward_token_level": base if second else None,
+        "gain_same_steps": diff,
+        "gain_same_steps_relative": _relative(diff, base),
+        "same_step_positive": sum(a > b for a, b in zip(first, second, strict=True)),
+        "same_step_negative": sum(a < b for a, b in zip(first, second, strict=True)),
+        "accepted_per_forward_runs_traversal": trav.metrics.accepted_tokens
+        / max(trav.metrics.row_steps, 1),
+        "accepted_per_forward_runs_token_level": tok.metrics.accepted_tokens
+        / max(tok.metrics.row_steps, 1),
+        "gain_runs": mean_interval(runs_diff),
+        "tokens_per_s_traversal": trav.metrics.tokens_per_s,
+        "tokens_per_s_token_level": tok.metrics.tokens_per_s,
+        "tokens_per_s_ratio": spread([a / b for a, b in zip(trav.tokens_per_s, tok.tokens_per_s,
+                                                          strict=True) if b]),
+    }
+
+
+def _relative(diff: dict[str, Any], base: float) -> dict[str, float | None] | None:
+    """The difference and its interval as fractions of the baseline's pooled mean (the
+    baseline taken as fixed: a reading aid, not a ratio estimator's own interval)."""
+    if not base or base != base:
+        return None
+    return {k: None if diff[k] is None else diff[k] / base for k in ("mean", "low", "high")}
 
 
 def tree_comparison(runs: list[Contender]) -> list[dict[str, Any]]:

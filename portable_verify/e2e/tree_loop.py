@@ -18,7 +18,8 @@ One step:
 2. the target scores the root plus every kept node in ONE forward, with
    ``pv.tree_attention_mask`` as its 4-D mask and per-node positions;
 3. ``pv.verify_tree`` picks the path (greedy: deterministic children; ``T > 0``: children
-   drawn without replacement, with the draft rows); the step's single host sync reads it;
+   drawn without replacement or iid, with the draft rows; the token-level rule or traversal
+   verification); the step's single host sync reads it;
 4. both caches keep the accepted nodes' KV entries by a gather (they are scattered over the
    tree, not a suffix) and drop the rest.
 
@@ -40,7 +41,12 @@ from portable_verify import tree_attention_mask, verify_tree
 from portable_verify.core import arguments, rng
 from portable_verify.integrations import hf
 
-TREE_METHODS: tuple[str, ...] = ("greedy", "rejection")
+TREE_METHODS: tuple[str, ...] = ("greedy", "rejection", "traversal")
+"""``rejection``: the token-level tree rule (root down, token ratios); ``traversal``: traversal
+verification (leaves up, sequence weights); both exact. ``greedy``: the greedy tree walk."""
+SAMPLED_CHILDREN: tuple[str, ...] = ("without_replacement", "iid")
+"""How siblings are drawn at ``T > 0``: without replacement (distinct, the default) or iid
+from the spine's row (duplicates possible), each told to ``verify_tree`` as its ``children``."""
 GREEDY_RANK_TEMPERATURE = 0.5
 """Greedy: the draft's logits divided by this estimate P(target argmax = token) (chosen from
 1, 0.5, 0.25, 0.1 on three held-out chat prompts: weak evidence, docs/decisions.md)."""
@@ -108,6 +114,7 @@ class Drafting:
     seeds: torch.Tensor
     step: int
     rank_temperature: float = GREEDY_RANK_TEMPERATURE
+    children: str = "without_replacement"  # sampled siblings: SAMPLED_CHILDREN
 
     @property
     def greedy(self) -> bool:
@@ -161,13 +168,16 @@ def _spine(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor, root_pos:
 def _siblings(spine: torch.Tensor, rows: torch.Tensor, width: int,
               how: Drafting) -> torch.Tensor:
     """``[D, width - 1]`` further children per spine position, in sibling order: the next-best
-    tokens (greedy), or sequential draws without replacement from the row with the spine
-    token removed (one inverse-CDF uniform per draw, as the spine's)."""
+    tokens (greedy), sequential draws without replacement from the row with the spine token
+    removed, or iid draws from the whole row (one inverse-CDF uniform per draw, as the
+    spine's)."""
     if how.greedy:
         keys = rows.clone()
         keys.scatter_(1, spine[:, None], -float("inf"))
         return torch.topk(keys, width - 1, dim=-1).indices
     u = how.uniforms(SIBLING_OFFSET, rows.shape[0] * (width - 1)).reshape(-1, width - 1)
+    if how.children == "iid":  # the spine's own law, each draw independent of the others
+        return torch.stack([hf._draw(rows, u[:, r]) for r in range(width - 1)], 1)
     left = rows.clone()
     left.scatter_(1, spine[:, None], 0.0)
     picks = []
@@ -250,6 +260,25 @@ class TreeLoopMetrics(hf.LoopMetrics):
         return {**super().as_dict(), "scattered_steps": self.scattered_steps}
 
 
+def _check_arguments(input_ids: Any, max_new_tokens: Any, method: str, temperature: float,
+                     children: str) -> None:
+    """Bad arguments, each error naming its argument, before any model runs."""
+    if method not in TREE_METHODS:
+        raise ValueError(f"method must be one of {TREE_METHODS}, got {method!r}")
+    if children not in SAMPLED_CHILDREN:
+        raise ValueError(f"children must be one of {SAMPLED_CHILDREN}, got {children!r}")
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
+            or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
+        raise ValueError("input_ids must be one prompt [1, P] (the tree loop runs batch 1), got "
+                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
+            or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+    if method != "greedy" and not temperature >= 0:
+        raise ValueError(f"temperature must be >= 0 for method={method!r} (0: greedy rows), "
+                         f"got {temperature}")
+
+
 @torch.inference_mode()
 def tree_generate(
     target_model: Any,
@@ -264,25 +293,20 @@ def tree_generate(
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     rank_temperature: float | None = None,
+    children: str = "without_replacement",
+    verifier: Callable[..., Any] = verify_tree,
     clock: Callable[[], float] = time.perf_counter,
 ) -> hf.GenerateResult:
     """Generate up to ``max_new_tokens`` tokens for one prompt ``input_ids [1, P]`` with a
     draft tree of ``shape`` per step. ``method="greedy"`` in float32 reproduces target-only
-    greedy decoding token for token (tested); ``"rejection"`` samples the target at
-    ``temperature`` exactly (children drawn without replacement, kept by their rows only).
-    ``rank_temperature``: greedy ranking's (default :data:`GREEDY_RANK_TEMPERATURE`)."""
-    if method not in TREE_METHODS:
-        raise ValueError(f"method must be one of {TREE_METHODS}, got {method!r}")
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
-            or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
-        raise ValueError("input_ids must be one prompt [1, P] (the tree loop runs batch 1), got "
-                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
-            or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
-    greedy = method == "greedy"
-    if not greedy and not temperature > 0:
-        raise ValueError(f"temperature must be > 0 for method='rejection', got {temperature}")
+    greedy decoding token for token (tested); ``"rejection"`` (the token-level rule) and
+    ``"traversal"`` sample the target at ``temperature`` exactly (siblings drawn ``children``:
+    without replacement or iid, kept by their rows only); at ``temperature == 0`` they decode
+    greedily. ``rank_temperature``: greedy ranking's (default
+    :data:`GREEDY_RANK_TEMPERATURE`). ``verifier``: called as ``verify_tree`` (a
+    :class:`~portable_verify.e2e.paired.ShadowVerifier` judges each step by a second rule)."""
+    _check_arguments(input_ids, max_new_tokens, method, temperature, children)
+    greedy = method == "greedy" or temperature == 0
     ids = input_ids.long()
     p = ids.shape[1]
     eos = hf._eos_ids(eos_token_id)
@@ -311,7 +335,7 @@ def tree_generate(
         pend_pos = torch.arange(root_pos - n_pend + 1, root_pos + 1)[None]
         root_logits = draft.logits(pending, d_cache, pend_pos, None, True)
         d_base = d_cache.get_seq_length()
-        how = Drafting(verify_temp, seeds, step, rank_t)
+        how = Drafting(verify_temp, seeds, step, rank_t, children)
         tree = draft_tree(draft, d_cache, root_logits, pending[0, -1], root_pos, shape, how)
         td = clock()
         metrics.draft_time_s += td - t0
@@ -320,11 +344,11 @@ def tree_generate(
         logits = target.logits(tree.tokens, t_cache, (root_pos + tree.depths)[None], mask)
         tv = clock()
         metrics.target_time_s += tv - td
-        result = verify_tree(tree.tokens, tree.parents, target_logits=logits,
-                             draft_probs=tree.draft_probs,
-                             children="deterministic" if greedy else "without_replacement",
-                             method=method, temperature=verify_temp, seed=seeds,
-                             seed_offset=step, max_depth=shape.depth, validate=False)
+        result = verifier(tree.tokens, tree.parents, target_logits=logits,
+                          draft_probs=tree.draft_probs,
+                          children="deterministic" if greedy else children,
+                          method=method, temperature=verify_temp, seed=seeds,
+                          seed_offset=step, max_depth=shape.depth, validate=False)
         metrics.verify_time_s += clock() - tv
         host = torch.cat([result.token_ids[0], result.node_ids[0], result.num_accepted,
                           tree.draft_slots]).tolist()  # the step's one sync
