@@ -8,6 +8,7 @@ tests choose sizes and skips from those, never from a backend's name.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -15,6 +16,11 @@ import torch
 from helpers import perturbed, tiny_llama
 
 import portable_verify as pv
+
+# The suite tests the backends themselves: ``auto`` on the CPU must be numba:cpu from the first
+# call, not the interim answer a cold kernel cache gets (tests/test_first_call.py tests that
+# path in subprocesses of its own, with the variable removed).
+os.environ.setdefault("PORTABLE_VERIFY_INTERIM", "0")
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

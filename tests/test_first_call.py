@@ -74,8 +74,10 @@ print(json.dumps({"first": first, "after": after, "compiled": compiled, "ready":
 
 def _run(script: str, cache: Path, timeout: float = 1500, **env: str) -> tuple[Any, str]:
     """Run ``script`` in a fresh Python with ``cache`` as numba's cache; (its JSON, stderr)."""
-    environ = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), **env)
+    environ = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
     environ.pop("PORTABLE_VERIFY_BACKEND", None)
+    environ.pop("PORTABLE_VERIFY_INTERIM", None)  # the suite's own setting (conftest.py)
+    environ.update(env)
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           env=environ, timeout=timeout, cwd=ROOT)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -67,27 +67,23 @@ def read_options(method: Any, typical_eps: Any, typical_alpha: Any, options: Any
         raise TypeError(f"validate must be True, False or \"full\", got {validate!r}")
     if options is not None:
         value = options_alone(options, method, typical_eps, typical_alpha)
-    elif (method == "auto" and typical_eps is DEFAULT_TYPICAL.eps
+        if layout not in methods.TABLE[value.method].layouts:
+            methods.lookup(value.method, layout)  # raises, naming the method that serves it
+        return value
+    if (method == "auto" and typical_eps is DEFAULT_TYPICAL.eps
             and typical_alpha is DEFAULT_TYPICAL.alpha):
         return DEFAULT_OPTIONS
-    else:
-        value = _cached_options(method, typical_eps, typical_alpha)
-    if layout not in methods.TABLE[value.method].layouts:
-        methods.lookup(value.method, layout)  # raises, naming the method that serves it
-    return value
-
-
-def _cached_options(method: Any, typical_eps: Any, typical_alpha: Any) -> VerifyOptions:
-    """One :class:`VerifyOptions` per distinct keyword values; the key holds each value's type,
-    so ``typical_eps=True`` never finds the value cached for ``1``."""
-    try:
-        key = (method, type(typical_eps), typical_eps, type(typical_alpha), typical_alpha)
+    try:  # types in the key: True == 1 and hash alike, but only 1 is a valid typical_eps
+        key = (method, type(typical_eps), typical_eps, type(typical_alpha), typical_alpha,
+               layout)
         cached = _OPTIONS_CACHE.get(key)
     except TypeError:  # unhashable: let the constructors say what is wrong
         key, cached = None, None
     if cached is not None:
-        return cached
+        return cached  # checked for this layout when it was cached
     value = VerifyOptions(method, TypicalParams(typical_eps, typical_alpha))
+    if layout not in methods.TABLE[value.method].layouts:
+        methods.lookup(value.method, layout)
     if key is not None:
         if len(_OPTIONS_CACHE) > 256:
             _OPTIONS_CACHE.clear()
@@ -108,8 +104,8 @@ def _call(*, drafts: Any, counts: Any, target: Any, target_name: str, rows: Any,
           q_rows: Any, temperature: Any, seed: Any, seed_offset: Any, uniforms: Any, bonus: Any,
           options: VerifyOptions, rule: str | None, validate: Any, backend: str, host: bool,
           return_numpy: bool) -> VerifyCall:
-    """The one place a :class:`VerifyCall` is built (every layout, both forms); ``rule`` is
-    :func:`_rule`'s answer for the call's options and temperature."""
+    """A :class:`VerifyCall` of a general-form call, by keyword (the plain host form builds
+    its own in :func:`_host_call`, on the hot path); ``rule`` is :func:`_rule`'s answer."""
     return VerifyCall(drafts, counts, target, target_name, rows, q, q_rows, temperature, seed,
                       seed_offset, uniforms, bonus, options, rule, validate, backend, host,
                       return_numpy)
@@ -205,10 +201,10 @@ def _host_call(drafts: Any, counts: Any, target: Any, target_name: str, rows: An
             a = a.reshape(b)
         if (bonus_ids := _exact(a, _I64, (b,))) is None:
             return None
-    return _call(drafts=drafts, counts=counts, target=target, target_name=target_name,
-                 rows=rows, q=q, q_rows=qrows, temperature=temps, seed=seeds,
-                 seed_offset=offsets, uniforms=u, bonus=bonus_ids, options=options, rule=rule,
-                 validate=validate, backend=backend, host=True, return_numpy=return_numpy)
+    # The hot path builds the record positionally (keywords cost as much as the rest of this
+    # function); :func:`_call` is the other builder, by keyword, for every general form.
+    return VerifyCall(drafts, counts, target, target_name, rows, q, qrows, temps, seeds, offsets,
+                      u, bonus_ids, options, rule, validate, backend, True, return_numpy)
 
 
 def _target(target_logits: Any, target_probs: Any) -> tuple[Any, str]:

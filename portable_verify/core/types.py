@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -81,18 +81,17 @@ class VerifyOptions:
 
     method: str = "auto"
     typical: TypicalParams = DEFAULT_TYPICAL
+    sampled_method: str | None = field(init=False, repr=False, compare=False)
+    """The rule of the rows that sample (the table's ``rule``: ``auto`` names rejection;
+    ``greedy``, whose rows never sample, None), read from the table once: it is read on
+    every call."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.method, str) or self.method not in methods.TABLE:
             raise ValueError(f"method must be one of {methods.names()}, got {self.method!r}")
         if not isinstance(self.typical, TypicalParams):
             raise TypeError(f"typical must be a TypicalParams, got {self.typical!r}")
-
-    @property
-    def sampled_method(self) -> str | None:
-        """The rule of the rows that sample (the table's ``rule``: ``auto`` names rejection;
-        ``greedy``, whose rows never sample, None)."""
-        return methods.TABLE[self.method].rule
+        object.__setattr__(self, "sampled_method", methods.TABLE[self.method].rule)
 
 
 DEFAULT_OPTIONS = VerifyOptions()

@@ -30,7 +30,7 @@ def main() -> None:
         "torch.argmax": lambda: torch.argmax(logits, -1),
         "verify, greedy": lambda: pv.verify(drafts, target_logits=logits, method="greedy"),
         "compiled kernel alone": lambda: numba_cpu.kernels.greedy_at(
-            logits.data_ptr(), 3, 64, drafts.data_ptr(), 1, 2, empty, empty, record, out[:4]),
+            logits.data_ptr(), 3, 64, drafts.data_ptr(), 1, 2, empty, empty, record, *out[:4]),
         "output arrays + kernel": lambda: numba_cpu.greedy_arrays(logits, True, drafts, empty,
                                                                   empty, True),
         "result tensors": result_tensors,

@@ -94,7 +94,7 @@ def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np
     if (threads == 1 and not block and type(target) is torch.Tensor
             and type(drafts) is torch.Tensor):
         error = kernels.decide_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, arrays,
-                                  record, outs)
+                                  record, *outs)
         return (*outs, error == 0)
     target = host_array(target, np.float32).reshape(-1, v)
     kernel = numba_block.decide_block if block else kernels.decide
@@ -117,7 +117,7 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     threads = 1 if b * v < PARALLEL_MIN_VALUES else threads_for(b * v, b)
     if threads == 1 and type(target) is torch.Tensor and type(drafts) is torch.Tensor:
         error = kernels.greedy_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, counts,
-                                  bonus, record, outs)
+                                  bonus, record, *outs)
     else:
         before = (host_array(target, np.float32).reshape(r, v), host_array(drafts, np.int64),
                   counts, bonus, record)

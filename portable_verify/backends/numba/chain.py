@@ -423,11 +423,13 @@ def _pointer(typingctx, address, dtype):
 
 @numba.njit(**JIT)
 def greedy_at(target_address, n_rows, v_size, drafts_address, b, k, counts, bonus, options,
-              outs):
+              tokens, accepted, emitted, n_drafts):
     """:func:`greedy` (all requests: small calls) on contiguous torch tensors given by address:
-    making their numpy views costs more than a small call's whole decision."""
+    making their numpy views costs more than a small call's whole decision. The outputs come
+    one by one: a tuple argument costs the dispatcher more to type than four arrays."""
     target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
     drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
+    outs = (tokens, accepted, emitted, n_drafts)
     return greedy(target, drafts, counts, bonus, options, np.int64(0), b, outs)  # one signature
 
 
@@ -653,8 +655,10 @@ def decide(target, drafts, arrays, options, lo, hi, outs):
 
 
 @numba.njit(**JIT)
-def decide_at(target_address, n_rows, v_size, drafts_address, b, k, arrays, options, outs):
+def decide_at(target_address, n_rows, v_size, drafts_address, b, k, arrays, options, tokens,
+              accepted, emitted, n_drafts):
     """:func:`decide` on contiguous torch tensors given by address (see :func:`greedy_at`)."""
     target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
     drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
+    outs = (tokens, accepted, emitted, n_drafts)
     return decide(target, drafts, arrays, options, np.int64(0), b, outs)  # one signature
