@@ -12,7 +12,6 @@ import torch
 
 import portable_verify as pv
 from portable_verify.backends.numba import backend as numba_cpu
-from portable_verify.backends.numba.host import greedy_record
 from portable_verify.core.types import VerifyResult
 
 
@@ -21,7 +20,6 @@ def main() -> None:
     logits, drafts = torch.randn(1, 3, 64), torch.randint(0, 64, (1, 2))
     empty = np.empty(0, np.int64)
     out = numba_cpu.greedy_arrays(logits, True, drafts, empty, empty, True)
-    record = greedy_record(True, True)
 
     def result_tensors() -> VerifyResult:
         return VerifyResult._of(*(torch.from_numpy(a) for a in out[:4]))
@@ -30,7 +28,8 @@ def main() -> None:
         "torch.argmax": lambda: torch.argmax(logits, -1),
         "verify, greedy": lambda: pv.verify(drafts, target_logits=logits, method="greedy"),
         "compiled kernel alone": lambda: numba_cpu.kernels.greedy_at(
-            logits.data_ptr(), 3, 64, drafts.data_ptr(), 1, 2, empty, empty, record, *out[:4]),
+            logits.data_ptr(), 3, 64, drafts.data_ptr(), 1, 2, empty, empty, True, True,
+            *out[:4]),
         "output arrays + kernel": lambda: numba_cpu.greedy_arrays(logits, True, drafts, empty,
                                                                   empty, True),
         "result tensors": result_tensors,

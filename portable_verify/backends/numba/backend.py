@@ -30,7 +30,6 @@ from portable_verify.backends.numba.host import (
     PARALLEL_MIN_VALUES,
     call_arrays,
     call_record,
-    greedy_record,
     host_array,
     options_record,
     run_split,
@@ -113,14 +112,13 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     v = target.shape[-1]
     r = b * (k + 1)
     outs = _outputs(b, k)
-    record = greedy_record(is_logits, check)
     threads = 1 if b * v < PARALLEL_MIN_VALUES else threads_for(b * v, b)
     if threads == 1 and type(target) is torch.Tensor and type(drafts) is torch.Tensor:
         error = kernels.greedy_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, counts,
-                                  bonus, record, *outs)
+                                  bonus, is_logits, check, *outs)
     else:
         before = (host_array(target, np.float32).reshape(r, v), host_array(drafts, np.int64),
-                  counts, bonus, record)
+                  counts, bonus, is_logits, check)
         error = run_split(kernels.greedy, b, threads, before, (outs,))
     return (*outs, error == 0)
 

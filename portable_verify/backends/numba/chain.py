@@ -387,25 +387,29 @@ def _emit(outs, drafts, bonus, i, accepted, n_raw, final):
 
 
 @numba.njit(inline="always", **JIT)
-def _greedy_one(target, drafts, counts, bonus, o, i, outs):
+def _greedy_one(target, drafts, counts, bonus, is_logits, check, i, outs):
     """Greedy request ``i`` from count to emission; returns its flag."""
-    n, n_raw, reported, bad = _count(counts, drafts, i, o.check)
+    n, n_raw, reported, bad = _count(counts, drafts, i, check)
     outs[3][i] = reported
-    bad = bad or (o.check and _bad_ids(drafts, bonus, i, n, target.shape[1]))
-    accepted, final, bad_row = _greedy_request(target, EMPTY_ROWS, drafts, i, n, o.is_logits,
-                                               o.check)
+    bad = bad or (check and _bad_ids(drafts, bonus, i, n, target.shape[1]))
+    accepted, final, bad_row = _greedy_request(target, EMPTY_ROWS, drafts, i, n, is_logits,
+                                               check)
     _emit(outs, drafts, bonus, i, accepted, n_raw, final)
     return _flag(ERROR_NONE, bad or bad_row)
 
 
 @numba.njit(**JIT)
-def greedy(target, drafts, counts, bonus, options, lo, hi, outs):
+def greedy(target, drafts, counts, bonus, is_logits, check, lo, hi, outs):
     """:func:`decide` for requests ``lo .. hi-1`` of a padded call whose every row is greedy
-    (of the call's arrays only the two it reads: numba enters a call argument by argument)."""
-    o = options[0]
+    (of the call's arrays only the two it reads: numba enters a call argument by argument).
+
+    Its two options come as two flags, not the record: the greedy path is the cheapest call,
+    and typing a record argument costs its dispatcher more than two booleans
+    (docs/decisions.md, "numba kernels' arguments")."""
     error = ERROR_NONE
     for i in range(lo, hi):
-        error = max(error, _greedy_one(target, drafts, counts, bonus, o, i, outs))
+        error = max(error, _greedy_one(target, drafts, counts, bonus, is_logits, check, i,
+                                       outs))
     return error
 
 
@@ -422,15 +426,16 @@ def _pointer(typingctx, address, dtype):
 
 
 @numba.njit(**JIT)
-def greedy_at(target_address, n_rows, v_size, drafts_address, b, k, counts, bonus, options,
-              tokens, accepted, emitted, n_drafts):
+def greedy_at(target_address, n_rows, v_size, drafts_address, b, k, counts, bonus, is_logits,
+              check, tokens, accepted, emitted, n_drafts):
     """:func:`greedy` (all requests: small calls) on contiguous torch tensors given by address:
     making their numpy views costs more than a small call's whole decision. The outputs come
     one by one: a tuple argument costs the dispatcher more to type than four arrays."""
     target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
     drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
     outs = (tokens, accepted, emitted, n_drafts)
-    return greedy(target, drafts, counts, bonus, options, np.int64(0), b, outs)  # one signature
+    return greedy(target, drafts, counts, bonus, is_logits, check, np.int64(0), b,
+                  outs)  # an int64 start: one signature
 
 
 @numba.njit(inline="always", **JIT)

@@ -127,15 +127,6 @@ def options_record(*, is_logits: bool, all_greedy: bool = False,
                        offset_scalar, temp_scalar, atol, q_atol)
 
 
-def greedy_record(is_logits: bool, check: bool) -> np.ndarray:
-    """The record of an all-greedy call (:func:`call_record`'s, kept per flag pair: the greedy
-    path is the cheapest, and its record is one of four)."""
-    record = _GREEDY.get((is_logits, check))
-    if record is None:
-        record = _GREEDY[(is_logits, check)] = call_record(is_logits, True, None, check)
-    return record
-
-
 def call_arrays(rows: np.ndarray = EMPTY_I64_2, counts: np.ndarray = EMPTY_I64_1,
                 q: np.ndarray = EMPTY_F32_2, qrows: np.ndarray = EMPTY_I64_2,
                 temps: np.ndarray = EMPTY_F32_1, uniforms: np.ndarray = EMPTY_F32_2,
@@ -172,4 +163,3 @@ def _record_struct(dtype: np.dtype) -> struct.Struct:
 
 _RECORD = _record_struct(kernels.OPTIONS) if kernels is not None else None
 _RECORDS: dict[tuple[Any, ...], np.ndarray] = {}
-_GREEDY: dict[tuple[bool, bool], np.ndarray] = {}
