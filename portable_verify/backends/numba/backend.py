@@ -150,7 +150,7 @@ class NumbaBackend(Backend):
 
     def run_call(self, call: VerifyCall) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         # Written flat, positional and without keyword dictionaries: at batch 1-8 the Python
-        # around the kernel is most of a call's cost (docs/benchmarks.md, "One way in").
+        # around the kernel is most of a call's cost (docs/benchmarks.md, "The four doors").
         check = call.validate is True
         counts = EMPTY_I64_1 if call.counts is None else call.counts
         bonus = EMPTY_I64_1 if call.bonus is None else call.bonus
