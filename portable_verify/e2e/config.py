@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from portable_verify.core.types import DEFAULT_TYPICAL, TypicalParams
@@ -155,10 +155,3 @@ class E2EConfig:
         data["trees"] = list(self.trees)
         data["typical"] = asdict(self.typical)
         return data
-
-
-def apply_preset(cfg: E2EConfig, name: str) -> E2EConfig:
-    """``cfg`` with preset ``name``'s options set (conflicts are the caller's to refuse)."""
-    if name not in PRESETS:
-        raise ValueError(f"preset must be one of {sorted(PRESETS)}, got {name!r}")
-    return replace(cfg, preset=name, **PRESETS[name].sets)
