@@ -121,7 +121,8 @@ def _print_numba(console: Any, numba: dict[str, Any]) -> None:
     console.print(f"[bold]numba kernel cache[/]: [{colour}]{cache['state']}[/] "
                   f"({cache['detail']}; {where})")
     if cache["state"] in ("cold", "partial"):
-        console.print("  the first call compiles the missing kernels (10-20 s)")
+        console.print("  the first call answers from torch:cpu while the missing kernels build "
+                      "in the background; `portable-verify warm-up` builds them now")
     if threads.get("available"):
         env = ", ".join(f"{k}={v}" for k, v in threads["env"].items() if v is not None) or "none"
         console.print(f"[bold]numba threading[/]: layer {threads.get('layer') or '-'} "
