@@ -119,13 +119,15 @@ def test_half_precision_rows(dtype: torch.dtype) -> None:
     _check(**call)
 
 
-_COMPILE_CASES = [
-    ("cuda", 90, 32, dict(IS_LOGITS=True, HAS_U=True, HAS_GREEDY=True, TYPICAL=False,
+_COMPILE_CASES = [  # RULE: the kernel's switch (RULE_CODES: token-level, typical, traversal)
+    ("cuda", 90, 32, dict(IS_LOGITS=True, HAS_U=True, HAS_GREEDY=True, RULE=0,
                           CHILDREN=2, STATS_BLOCK=4096, BLOCK=2048, NB=64, WB=8), "bf16"),
-    ("cuda", 80, 32, dict(IS_LOGITS=False, HAS_U=True, HAS_GREEDY=False, TYPICAL=True,
+    ("cuda", 80, 32, dict(IS_LOGITS=False, HAS_U=True, HAS_GREEDY=False, RULE=1,
                           CHILDREN=0, STATS_BLOCK=4096, BLOCK=2048, NB=8, WB=8), "fp32"),
-    ("hip", "gfx942", 64, dict(IS_LOGITS=True, HAS_U=True, HAS_GREEDY=True, TYPICAL=False,
+    ("hip", "gfx942", 64, dict(IS_LOGITS=True, HAS_U=True, HAS_GREEDY=True, RULE=0,
                                CHILDREN=1, STATS_BLOCK=4096, BLOCK=2048, NB=32, WB=4), "fp16"),
+    ("cuda", 90, 32, dict(IS_LOGITS=True, HAS_U=True, HAS_GREEDY=True, RULE=2,
+                          CHILDREN=2, STATS_BLOCK=4096, BLOCK=2048, NB=16, WB=8), "fp32"),
 ]
 _GROUP_TYPES = {  # each grouped argument's element types, as verify_tree_triton's _records
     "rows": ("*{dtype}", "i32", "*{dtype}", "i32"),
@@ -137,7 +139,8 @@ _GROUP_TYPES = {  # each grouped argument's element types, as verify_tree_triton
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the GPU run compiles for real")
-@pytest.mark.parametrize("case", _COMPILE_CASES, ids=lambda c: f"{c[0]}{c[1]}-{c[3]['CHILDREN']}")
+@pytest.mark.parametrize("case", _COMPILE_CASES,
+                         ids=lambda c: f"{c[0]}{c[1]}-{c[3]['CHILDREN']}-rule{c[3]['RULE']}")
 def test_tree_kernel_compiles_for_gpus_without_a_gpu(case: tuple) -> None:
     """The interpreter is not the compiler: compile the tree kernel ahead of time for real GPU
     targets, so a construct only the interpreter accepts fails here, not on a GPU."""
