@@ -25,7 +25,8 @@ TREE_BENCH_SHAPES = ((1, 8, 32000), (8, 32, 32000), (64, 32, 32000), (8, 64, 128
 DRY_TREE_BENCH_SHAPES = ((2, 4, 64),)
 MODES_AND_METHODS = (("deterministic", "greedy"), ("deterministic", "rejection"),
                      ("deterministic", "typical"), ("iid", "rejection"),
-                     ("without_replacement", "rejection"))
+                     ("without_replacement", "rejection"), ("iid", "traversal"),
+                     ("without_replacement", "traversal"))
 
 
 def tree_call(b: int, n: int, v: int, mode: str, seed: int,
