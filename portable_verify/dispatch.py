@@ -347,12 +347,6 @@ def _same_device(backend: Backend, target: torch.Tensor) -> torch.device:
     return device
 
 
-def backends_for(layout: str, rule: str | None = None) -> list[str]:
-    """Canonical names of the available backends that implement ``rule`` (None: greedy rows)
-    for ``layout``."""
-    return _backends_with(rule, layout)
-
-
 register_backend("numba", lazy("portable_verify.backends.numba.backend", "NumbaBackend"))
 register_backend("numpy", lazy("portable_verify.backends.numpy.backend", "NumpyReferenceBackend"))
 register_backend("torch", lazy("portable_verify.backends.torch.backend", "TorchBackend"))

@@ -78,16 +78,6 @@ def names(layout: str | None = None) -> tuple[str, ...]:
     return tuple(m.name for m in TABLE.values() if layout is None or m.serves(layout))
 
 
-def rules(layout: str) -> tuple[str, ...]:
-    """The distinct sampled rules of the methods serving ``layout`` (what a backend may
-    implement for it), in table order."""
-    seen: dict[str, None] = {}
-    for m in TABLE.values():
-        if m.rule is not None and m.serves(layout):
-            seen[m.rule] = None
-    return tuple(seen)
-
-
 def lookup(name: object, layout: str) -> Method:
     """The row of ``name`` for a call of ``layout``; a clear ``ValueError`` otherwise (an
     unknown name, or a method that does not serve the layout, with the one that does)."""
