@@ -117,7 +117,7 @@ def test_draft_trees_are_well_formed(pair, temperature):
             tree = tree_loop.draft_tree(step_model, cache, root_logits, ids[0, -1], 5, shape,
                                         _drafting(temperature))
         n = shape.nodes + 1
-        parents, depths, slots = tree.parents[0], tree.depths, tree.draft_slots
+        parents, depths, slots = tree.parents[0], tree.depths[0], tree.draft_slots[0]
         assert tree.tokens.shape == (1, n) and int(tree.tokens[0, 0]) == int(ids[0, -1])
         assert int(parents[0]) == -1
         for i in range(1, n):
@@ -182,7 +182,7 @@ def test_sampled_trees_keep_nodes_whatever_the_siblings_drew(pair, monkeypatch):
     for seed in range(4):
         a, b = drafted(seed, 1 << 41), drafted(seed, 1 << 42)
         assert torch.equal(a.parents, b.parents) and torch.equal(a.depths, b.depths)
-        spine = a.draft_slots >= 0
+        spine = a.draft_slots[0] >= 0
         assert torch.equal(a.tokens[0][spine], b.tokens[0][spine])
         changed_tokens += int(not torch.equal(a.tokens, b.tokens))
     assert changed_tokens > 0

@@ -99,11 +99,12 @@ class TreeShape:
 class DraftTree:
     """One step's tree (root = node 0): what the target scores and the verifier reads."""
 
-    tokens: torch.Tensor  # int64 [1, N]
-    parents: torch.Tensor  # int64 [1, N]
-    depths: torch.Tensor  # int64 [N]
-    draft_slots: torch.Tensor  # int64 [N]: the node's slot in the draft cache, -1 if not fed
-    draft_probs: torch.Tensor | None = None  # [1, N, V] at T > 0: node i's children's law
+    tokens: torch.Tensor  # int64 [B, N]; node 0 is the root (the row's last emitted token)
+    parents: torch.Tensor  # int64 [B, N]; -1 for the root; a parent precedes its children
+    depths: torch.Tensor  # int64 [B, N]; the root's is 0
+    draft_slots: torch.Tensor  # int64 [B, N]: the node's slot in the draft cache counted from
+    # the draft cache's mark before drafting (tree_loop.cache_mark), -1 if never fed
+    draft_probs: torch.Tensor | None = None  # [B, N, V] at T > 0: node i's children's law
 
 
 @dataclass(frozen=True)
@@ -124,24 +125,64 @@ class Drafting:
         return rng.uniforms_torch(self.seeds, torch.tensor([self.step + offset]), cols)[0]
 
 
-def keep_slots(cache: Any, start: int, slots: torch.Tensor) -> None:
-    """Keep cache slots ``start + slots`` (in that order) right after slot ``start - 1``; drop
-    everything after them. In place, per layer; the copy is made before the write."""
-    n = int(slots.numel())
-    index = slots + start
+def cache_mark(cache: Any) -> int:
+    """Where the next slot appended to ``cache`` goes: tree slots are counted from a mark.
+
+    A cache with its own ``mark()`` (the OpenVINO runtime's, whose slots are physical and may
+    include dead ones) answers itself; a transformers ``DynamicCache`` by its length."""
+    mark = getattr(cache, "mark", None)
+    return int(mark()) if mark is not None else int(cache.get_seq_length())
+
+
+def tree_forward(model: hf.StepModel, cache: Any, mark: int, ids: torch.Tensor,
+                 pos: torch.Tensor, visible: torch.Tensor, last_only: bool = False
+                 ) -> torch.Tensor:
+    """Logits ``[B, S, V]`` (``[B, V]`` with ``last_only``) of new tokens ``ids [B, S]`` at
+    positions ``pos [B, S]``; appends their ``S`` slots to ``cache``.
+
+    Each new token sees every slot of its row before ``mark`` (the row's history) and, of the
+    ``T`` slots appended since ``mark`` plus the ``S`` new ones, those ``visible [B, S, T + S]``
+    allows (a token must see itself). Why one function: a tree spends forwards over the
+    frontier of several branches, each seeing only its own ancestors. A model with its own
+    ``tree_logits`` (same arguments) runs it; a transformers module gets a 4-D additive mask
+    (batch 1: rows with holes before ``mark`` are the OpenVINO runtime's).
+    """
+    own = getattr(model, "tree_logits", None)
+    if own is not None:
+        return own(ids, cache, pos, mark, visible, last_only)
+    if ids.shape[0] != 1:
+        raise ValueError("tree forwards over transformers modules run batch 1; got batch "
+                         f"{ids.shape[0]} (the OpenVINO runtime runs batches)")
+    mask = _tree_mask(visible[0], mark, torch.float32)
+    return model.logits(ids, cache, pos, mask, last_only)
+
+
+def _tree_mask(visible: torch.Tensor, cached: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive ``[1, 1, S, cached + T]`` mask: every cached slot, then the tree slots
+    ``visible [S, T]`` allows (additive floats work for eager and SDPA attention alike)."""
+    allowed = torch.cat([visible.new_ones(visible.shape[0], cached), visible], 1)
+    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+def keep_slots(cache: Any, mark: int, slots: torch.Tensor) -> None:
+    """Keep the tree slots ``mark + slots`` (``slots [B, n]`` or ``[n]``, in that order, ``-1``
+    padding a row's tail) right after the row's history; drop every other slot since
+    ``mark``. A cache with its own ``keep(mark, slots)`` does it itself; a ``DynamicCache``
+    (batch 1) gathers in place, per layer, the copy made before the write."""
+    own = getattr(cache, "keep", None)
+    if own is not None:
+        own(mark, slots)
+        return
+    flat = slots.reshape(-1)
+    flat = flat[flat >= 0]
+    n = int(flat.numel())
+    index = flat + mark
     for layer in cache.layers:
         for name in ("keys", "values"):
             t = getattr(layer, name)
-            t[..., start: start + n, :] = t.index_select(-2, index)
-            setattr(layer, name, t[..., : start + n, :])
-
-
-def _tree_mask(ancestors: torch.Tensor, cached: int, dtype: torch.dtype) -> torch.Tensor:
-    """Additive ``[1, 1, S, cached + T]`` mask: every cached slot, then the tree slots
-    ``ancestors [S, T]`` allows (additive floats work for eager and SDPA attention alike)."""
-    allowed = torch.cat([ancestors.new_ones(ancestors.shape[0], cached), ancestors], 1)
-    mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    return mask[None, None]
+            t[..., mark: mark + n, :] = t.index_select(-2, index)
+            setattr(layer, name, t[..., : mark + n, :])
 
 
 def _spine(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor, root_pos: int,
@@ -239,8 +280,8 @@ def draft_tree(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor, root:
     return DraftTree(
         tokens=torch.cat([root.reshape(1), tokens])[None],
         parents=torch.cat([minus_one, spine_parent])[None],
-        depths=torch.cat([torch.zeros(1, dtype=torch.int64), level + 1]),
-        draft_slots=torch.cat([minus_one, slots]),
+        depths=torch.cat([torch.zeros(1, dtype=torch.int64), level + 1])[None],
+        draft_slots=torch.cat([minus_one, slots])[None],
         draft_probs=probs,
     )
 
@@ -334,14 +375,14 @@ def tree_generate(
         n_pend = pending.shape[1]
         pend_pos = torch.arange(root_pos - n_pend + 1, root_pos + 1)[None]
         root_logits = draft.logits(pending, d_cache, pend_pos, None, True)
-        d_base = d_cache.get_seq_length()
+        d_base = cache_mark(d_cache)
         how = Drafting(verify_temp, seeds, step, rank_t, children)
         tree = draft_tree(draft, d_cache, root_logits, pending[0, -1], root_pos, shape, how)
         td = clock()
         metrics.draft_time_s += td - t0
-        t_base = t_cache.get_seq_length()
-        mask = _tree_mask(tree_attention_mask(tree.parents)[0], t_base, torch.float32)
-        logits = target.logits(tree.tokens, t_cache, (root_pos + tree.depths)[None], mask)
+        t_base = cache_mark(t_cache)
+        logits = tree_forward(target, t_cache, t_base, tree.tokens, root_pos + tree.depths,
+                              tree_attention_mask(tree.parents))
         tv = clock()
         metrics.target_time_s += tv - td
         result = verifier(tree.tokens, tree.parents, target_logits=logits,
@@ -351,7 +392,7 @@ def tree_generate(
                           seed_offset=step, max_depth=shape.depth, validate=False)
         metrics.verify_time_s += clock() - tv
         host = torch.cat([result.token_ids[0], result.node_ids[0], result.num_accepted,
-                          tree.draft_slots]).tolist()  # the step's one sync
+                          tree.draft_slots[0]]).tolist()  # the step's one sync
         w = shape.depth + 1
         a = host[2 * w]
         nodes = host[w: w + a]
