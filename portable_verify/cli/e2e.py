@@ -14,7 +14,17 @@ from typing import Any
 from portable_verify.cli import checks
 from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
 from portable_verify.cli.progress import Progress, add_quiet_option, verdict
-from portable_verify.e2e.config import PRESETS, PROMPT_SETS, PROMPTS, QUICK, RUNTIMES, E2EConfig
+from portable_verify.e2e.config import (
+    PRESETS,
+    PROMPT_SETS,
+    PROMPTS,
+    QUICK,
+    RUNTIMES,
+    SAMPLED_TEMPERATURE,
+    SWEEP_KS,
+    E2EConfig,
+    default_runtime,
+)
 
 _FLAG_OF = {"ks": "--k", "method": "--method", "batch": "--batch",
             "max_new_tokens": "--max-new-tokens", "num_prompts": "--prompts",
@@ -35,9 +45,10 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--draft", default="int8",
                    help="'int8' (the target with int8 weights), 'int4' (openvino only), "
                    "'ngram' (prompt lookup, no model), a local folder, or a hub id")
-    p.add_argument("--runtime", choices=RUNTIMES, default="torch",
-                   help="run the models in torch (default) or as compiled OpenVINO models "
-                   "(converted once, cached beside the model folder)")
+    p.add_argument("--runtime", choices=RUNTIMES, default=None,
+                   help="run the models as compiled OpenVINO models (the default where "
+                   "openvino is installed; converted once, cached beside the model folder) or "
+                   "in torch (the default otherwise, and for --dtype bfloat16 or --tree)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="torch target dtype (equality is checked in float32; bf16 reports a "
                    "match rate)")
@@ -59,8 +70,21 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--children", choices=("without_replacement", "iid"), default=None,
                    help="--tree at temperature > 0: siblings drawn from the draft's tempered "
                    "row without replacement (default) or iid")
-    p.add_argument("--temperature", type=float, default=1.0,
+    p.add_argument("--temperature", type=float, default=None,
                    help="temperature of sampled methods (default 1.0)")
+    p.add_argument("--draft-mode", default=None,
+                   help="sampled, argmax or both (comma separated), with --method rejection or "
+                   "block at temperature > 0: sampled rows draw their drafts from the draft's "
+                   "softmax and pass its rows as draft_probs (default), or propose its argmax "
+                   "with no draft_probs (point masses); both run side by side on the same "
+                   "prompts and seeds")
+    p.add_argument("--sweep", action="store_true",
+                   help="budget sweep: every --k (default 1..8) and --tree, the target "
+                   "forward's cost against scored positions, and each method's best budget "
+                   "chosen on the first half of the prompts and reported on the others")
+    p.add_argument("--plot", metavar="PNG", default=None,
+                   help="with --sweep: plot tokens/s against scored positions per method, "
+                   "and the forward-cost curve (needs matplotlib)")
     p.add_argument("--batch", type=int, default=None, help="prompts per batch (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=None,
                    help="new tokens per prompt (default 96; --quick 24)")
@@ -84,7 +108,7 @@ def add_parser(subparsers: Any) -> None:
                    help="; ".join(f"{n}: {x.why} ({_describe(x.sets)})"
                                   for n, x in PRESETS.items()))
     p.add_argument("--quick", action="store_true",
-                   help="k=2, 24 tokens, 2 prompts, 1 round (flags given still win)")
+                   help="k=2,4, 24 tokens, 2 prompts, 1 round (flags given still win)")
     add_json_option(p, "every figure and the run's context")
     add_quiet_option(p)
     checks.register(p, run, check)
@@ -93,7 +117,8 @@ def add_parser(subparsers: Any) -> None:
 _FIELD_FLAGS = {"temperature": "--temperature", "batch": "--batch", "threads": "--threads",
                 "num_prompts": "--prompts", "max_new_tokens": "--max-new-tokens",
                 "rounds": "--rounds", "ks": "--k", "clock": "--clock", "runtime": "--runtime",
-                "prompt_set": "--prompt-set", "preset": "--preset", "children": "--children"}
+                "prompt_set": "--prompt-set", "preset": "--preset", "children": "--children",
+                "draft_modes": "--draft-mode"}
 
 
 def check(args: argparse.Namespace) -> None:
@@ -103,10 +128,31 @@ def check(args: argparse.Namespace) -> None:
     checks.at_most("--batch", args.batch, limit,
                    f" (the prompts of --prompt-set {args.prompt_set})")
     checks.writable_file("--json", args.json, stdout_ok=True)
+    if args.plot is not None:
+        _check_plot(args)
     try:
         config_from_args(args)
     except ValueError as exc:
         raise checks.UsageError(_flag_of(str(exc)), str(exc)) from None
+
+
+def _check_plot(args: argparse.Namespace) -> None:
+    """``--plot`` draws the sweep's figures: it needs ``--sweep``, a writable path and
+    matplotlib, all judged before any model loads."""
+    import importlib.util
+
+    if not args.sweep:
+        raise checks.UsageError("--plot", "draws the budget sweep's figures: add --sweep")
+    checks.writable_file("--plot", args.plot)
+    if importlib.util.find_spec("matplotlib") is None:
+        raise checks.UsageError("--plot", "needs matplotlib (pip install matplotlib)")
+
+
+def is_default_run(args: argparse.Namespace) -> bool:
+    """The command as a new user types it (no method, temperature, preset, sweep, draft mode or
+    dense verifier chosen): greedy and T = 0.8 on one load, best chain against target-only."""
+    return (args.method is None and args.temperature is None and not args.preset
+            and not args.sweep and args.draft_mode is None and not args.dense)
 
 
 def _flag_of(message: str) -> str:
@@ -173,16 +219,32 @@ def config_from_args(args: argparse.Namespace) -> tuple[E2EConfig, list[str]]:
         if quick:
             notes.append(f"--quick: {_describe(quick)}")
     trees = tuple(t.strip() for t in (args.tree or "").split(",") if t.strip())
+    if args.sweep and not args.k:
+        chosen["ks"] = SWEEP_KS
+        notes.append(f"--sweep: --k {_text(SWEEP_KS)}")
+    runtime, why = (args.runtime, "--runtime") if args.runtime else \
+        default_runtime(args.dtype, trees)
+    notes.insert(0, f"runtime: {runtime} ({why})")
     if trees:
         from portable_verify.e2e.tree_loop import TreeShape
 
         nodes = tuple(TreeShape.parse(t).nodes for t in trees)
         ks = chosen.get("ks", ()) if args.k else ()
         chosen["ks"] = tuple(sorted(set(ks) | set(nodes)))
-    cfg = E2EConfig(target=args.target, draft=args.draft, runtime=args.runtime, dtype=args.dtype,
-                    temperature=args.temperature, seed=args.seed, threads=args.threads,
-                    clock=args.clock, prompt_set=args.prompt_set, preset=args.preset,
-                    trees=trees, children=args.children or "without_replacement", **chosen)
+    modes = tuple(m.strip() for m in args.draft_mode.split(",")) if args.draft_mode \
+        else ("sampled",)
+    if args.draft_mode and args.method is None:
+        raise ValueError("--draft-mode compares how sampled rows draft: give --method rejection "
+                         "or block")
+    cfg = E2EConfig(target=args.target, draft=args.draft, runtime=runtime, dtype=args.dtype,
+                    temperature=1.0 if args.temperature is None else args.temperature,
+                    seed=args.seed, threads=args.threads, clock=args.clock,
+                    prompt_set=args.prompt_set, preset=args.preset, trees=trees,
+                    children=args.children or "without_replacement", draft_modes=modes,
+                    sweep=args.sweep, **chosen)
+    if is_default_run(args):
+        notes.append(f"default run: greedy, then rejection at temperature {SAMPLED_TEMPERATURE}"
+                     " (--method/--temperature to run one)")
     return cfg, notes
 
 
@@ -238,18 +300,100 @@ def render(data: dict[str, Any], console: Any) -> None:
                       f"{s['dense_ms_per_step']:.2f} ms/step)")
     for c in data.get("block_comparison", []):
         console.print(_block_line(c))
+    for c in data.get("draft_mode_comparison", []):
+        console.print(_mode_line(c))
     for c in data.get("traversal_comparison", []):
         console.print(_traversal_line(c))
     flags = ",".join(ctx["cpu_flags"]) or "none found"
-    console.print(f"[dim]{ctx['note']}; one-time conversion {ctx['conversion_time_s']:.1f} s, "
+    console.print(f"[dim]{ctx['note']}; {_conversion(ctx['conversion_time_s'])}, "
                   f"load {ctx['load_time_s']:.1f} s; CPU {ctx['machine']['cpu']} "
                   f"(flags {flags})[/]")
+
+
+CACHED_S = 2.0
+"""Preparation under this many seconds means every conversion was found cached."""
+
+
+def _conversion(seconds: float) -> str:
+    """The one-time conversion, apart from every timed figure (none of them includes it)."""
+    if seconds < CACHED_S:
+        return f"conversions cached ({seconds:.1f} s to find them)"
+    return f"first-time conversion {seconds:.1f} s (cached for later runs; in no timed figure)"
+
+
+def _mode_line(c: dict[str, Any]) -> str:
+    """Sampled against argmax drafts for one method and k: paired per-trial intervals."""
+    return (f"sampled vs argmax drafts, {c['method']} k={c['k']}: tokens per target forward "
+            f"{_fmt(c['tokens_per_target_forward_sampled'], '.3f')} vs "
+            f"{_fmt(c['tokens_per_target_forward_argmax'], '.3f')}, difference "
+            f"{_interval(c['accepted_per_forward_difference'])}; tokens/s "
+            f"{_fmt(c['tokens_per_s_sampled'], '.1f')} vs {_fmt(c['tokens_per_s_argmax'], '.1f')},"
+            f" ratio {_ratio_interval(c['tokens_per_s_ratio'])} (95%, {c['trials']} trials)")
+
+
+def render_headline(data: dict[str, Any], console: Any) -> None:
+    """The default run's answer: per half, the best chain against target-only; trees' place."""
+    for h in data.get("headline", []):
+        if h is None:
+            continue
+        console.print(f"[bold]{h['run']}[/]: best chain {h['best']} at {h['speedup']:.2f}x "
+                      f"target-only ({_fmt(h['tokens_per_s'], '.1f')} vs "
+                      f"{_fmt(h['target_only_tokens_per_s'], '.1f')} tokens/s; per-trial ratio "
+                      f"{_ratio_interval(h['per_trial'])}; {_fmt(h['tokens_per_target_forward'])} "
+                      "tokens per target forward; best of these budgets on these prompts)")
+    if data.get("trees"):
+        console.print(f"best tree vs best chain: {data['trees']}")
+
+
+def render_sweep(data: dict[str, Any], console: Any) -> None:
+    """Every budget's figures, then each method's best budget on the held-out prompts."""
+    from rich.table import Table
+
+    sw = data["sweep"]
+    table = Table(title="budget sweep (all trials)", title_justify="left")
+    for col in ("config", "method", "scored", "tokens/s", "tokens/target fwd", "draft share",
+                "selection speed-up"):
+        table.add_column(col, justify="left" if col in ("config", "method") else "right")
+    for c in sw["configs"]:
+        table.add_row(c["name"], c["method"], str(c["scored_positions"]),
+                      _fmt(c["tokens_per_s"], ".1f"), _fmt(c["tokens_per_target_forward"]),
+                      _fmt(c["draft_share"], ".0%"), _fmt(c["selection_speedup"]) + "x")
+    console.print(table)
+    curve = data.get("flatness") or []
+    console.print("target forward cost vs one position: " + ", ".join(
+        f"{c['positions']}: {c['relative']:.2f}x" for c in curve))
+    console.print(f"best budgets chosen on prompt batches {_batches(sw['selection_batches'])} "
+                  f"({sw['selection_trials']} trials, {sw['criterion']}), reported on batches "
+                  f"{_batches(sw['report_batches'])} ({sw['report_trials']} trials):")
+    for m in sw["methods"]:
+        chain = "" if m["vs_best_chain"] is None else \
+            f"; vs best chain {_ratio_interval(m['vs_best_chain'])}"
+        console.print(f"  {m['method']}: {m['best']} ({m['scored_positions']} scored), "
+                      f"{_fmt(m['tokens_per_s'], '.1f')} tokens/s, "
+                      f"{_fmt(m['tokens_per_target_forward'])} tokens per target forward, "
+                      f"draft {_fmt(m['draft_share'], '.0%')} of the step; vs target-only "
+                      f"{_ratio_interval(m['vs_target_only'])}{chain}")
+    # trees: tree methods appear here as "tree <rule>" rows once --tree runs in the sweep's
+    # runtime; their "vs best chain" is the tree/chain comparison on held-out prompts.
+
+
+def _batches(indices: list[int]) -> str:
+    return ",".join(str(i + 1) for i in indices)
 
 
 def _interval(g: dict[str, Any]) -> str:
     if g["low"] is None:
         return f"{g['mean']:+.4f} (no interval: {g['n']} trial)"
     return f"{g['mean']:+.4f} [{g['low']:+.4f}, {g['high']:+.4f}]"
+
+
+def _ratio_interval(g: dict[str, Any] | None) -> str:
+    """A mean ratio with its 95% interval over trials (``-`` when absent)."""
+    if g is None:
+        return "-"
+    if g["low"] is None:
+        return f"{g['mean']:.3f}x (no interval: {g['n']} trial)"
+    return f"{g['mean']:.3f}x [{g['low']:.3f}, {g['high']:.3f}]"
 
 
 def _block_line(c: dict[str, Any]) -> str:
@@ -294,6 +438,7 @@ def _split(r: dict[str, Any]) -> str:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from portable_verify.e2e.default_run import run_default
     from portable_verify.e2e.runner import mismatches, run_e2e
 
     err = Console(stderr=True)
@@ -306,22 +451,35 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"e2e: {note}")
     try:
         with Progress("e2e", quiet=args.quiet) as progress:
-            data = run_e2e(cfg, progress.say, getattr(args, "argv", None))
+            go = run_default if is_default_run(args) else run_e2e
+            data = go(cfg, progress.say, getattr(args, "argv", None))
     except (FileNotFoundError, OSError, ValueError) as exc:
         err.print(f"[red]portable-verify e2e: error:[/] {exc}")
         return 2
     if args.json:
         write_json(args.json, data)
-    if not to_stdout(args):
-        console = Console()
-        render(data, console if console.is_terminal else Console(width=150))
-    else:
-        render(data, err)
+    if args.plot:
+        from portable_verify.e2e import sweep
+
+        sweep.plot(args.plot, data)
+    console = Console() if not to_stdout(args) else err
+    console = console if console.is_terminal else Console(width=150, stderr=console.stderr)
+    _render_all(data, console)
     problems = mismatches(data)
     for line in problems:
         err.print(f"[bold red]GREEDY MISMATCH[/] {line}")
     verdict("e2e", _verdict_text(data, problems), to_stderr=to_stdout(args))
     return 1 if problems else 0
+
+
+def _render_all(data: dict[str, Any], console: Any) -> None:
+    """Every table and line of one invocation (both halves of the default run)."""
+    render(data, console)
+    if "sampled_run" in data:
+        render(data["sampled_run"], console)
+        render_headline(data, console)
+    if "sweep" in data:
+        render_sweep(data, console)
 
 
 def _verdict_text(data: dict[str, Any], problems: list[str]) -> str:

@@ -55,8 +55,35 @@ PRESETS: dict[str, Preset] = {
                    "the founding measurement: typical acceptance, k=2, batch 1, verify against "
                    "the dense verifier"),
 }
-QUICK = {"ks": (2,), "max_new_tokens": 24, "num_prompts": 2, "rounds": 1}
+QUICK = {"ks": (2, 4), "max_new_tokens": 24, "num_prompts": 2, "rounds": 1}
 """What ``--quick`` changes, unless the flag for that option is given."""
+SAMPLED_TEMPERATURE = 0.8
+"""The default command's sampled half: token-wise rejection at this temperature, beside greedy."""
+DEFAULT_TREES: tuple[str, ...] = ()
+"""Tree shapes the default command runs beside its chains (# trees: the preset shapes go here
+once trees run on the OpenVINO runtime; until then the default command runs chains only)."""
+SWEEP_KS: tuple[int, ...] = tuple(range(1, 9))
+"""Chain budgets ``--sweep`` tries when ``--k`` is not given."""
+DRAFT_MODES: tuple[str, ...] = ("sampled", "argmax")
+
+
+def default_runtime(dtype: str = "float32", trees: tuple[str, ...] = ()) -> tuple[str, str]:
+    """The runtime a command without ``--runtime`` uses, and the reason, stated in its output.
+
+    Static rule: OpenVINO where it is importable (its multi-token forward costs little more
+    than a one-token forward, where torch's grows with every scored position), unless the run
+    asks for what only torch runs (``--dtype bfloat16``; ``--tree`` until trees run on
+    OpenVINO); else torch.
+    """
+    import importlib.util
+
+    if dtype != "float32":
+        return "torch", f"--dtype {dtype} runs in torch only"
+    if trees:  # trees: drop this branch once tree_generate runs on the OpenVINO runtime
+        return "torch", "--tree runs in torch only"
+    if importlib.util.find_spec("openvino") is None:
+        return "torch", "openvino not installed (pip install openvino for the faster runtime)"
+    return "openvino", "installed; --runtime torch for transformers"
 
 
 @dataclass
@@ -84,6 +111,8 @@ class E2EConfig:
     trees: tuple[str, ...] = ()  # tree shapes "WxD[:M]" (batch 1, torch; greedy, rejection
     # or traversal)
     children: str = "without_replacement"  # trees at T > 0: siblings drawn so, or "iid"
+    draft_modes: tuple[str, ...] = ("sampled",)  # chains at T > 0: sampled and/or argmax drafts
+    sweep: bool = False  # choose each method's best budget on held-out prompts
 
     def __post_init__(self) -> None:
         if self.prompt_set not in PROMPT_SETS:
@@ -125,6 +154,24 @@ class E2EConfig:
             raise ValueError("--children sets how a tree's siblings are drawn: give --tree")
         if self.trees:
             self._check_trees()
+        self._check_draft_modes()
+        if self.sweep and self.num_prompts // self.batch < 2:
+            raise ValueError("--sweep selects each method's best budget on some prompt batches "
+                             "and reports it on others: it needs --prompts at least 2 x "
+                             f"--batch, got {self.num_prompts} prompt(s) in batches of "
+                             f"{self.batch}")
+
+    def _check_draft_modes(self) -> None:
+        modes = self.draft_modes
+        if not modes or len(set(modes)) != len(modes) or any(m not in DRAFT_MODES
+                                                              for m in modes):
+            raise ValueError(f"--draft-mode must be one or both of {', '.join(DRAFT_MODES)}, "
+                             f"comma separated, got {','.join(modes)!r}")
+        if modes != ("sampled",) and (self.method not in ("rejection", "block")
+                                      or self.temperature == 0 or self.dense):
+            raise ValueError("--draft-mode compares how sampled rows draft: it needs --method "
+                             "rejection or block at --temperature > 0 (no --dense); got method "
+                             f"{self.method}, temperature {self.temperature}")
 
     def _check_trees(self) -> None:
         from portable_verify.e2e.tree_loop import TreeShape
@@ -153,5 +200,6 @@ class E2EConfig:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["ks"] = list(self.ks)
         data["trees"] = list(self.trees)
+        data["draft_modes"] = list(self.draft_modes)
         data["typical"] = asdict(self.typical)
         return data

@@ -53,6 +53,7 @@ class Contender:
     metrics: hf.LoopMetrics
     method: str = ""  # the verification method ("" for target-only)
     tree: TreeShape | None = None
+    draft_mode: str = "sampled"  # how sampled rows draft (hf.DRAFT_MODES)
     accepted_per_forward: list[float] = field(default_factory=list)  # one per (round, batch)
     tokens_per_s: list[float] = field(default_factory=list)  # one per (round, batch)
     speedups: list[float] = field(default_factory=list)  # against target-only, same batch
@@ -69,6 +70,7 @@ class Contender:
         """Plain data: the loop's metrics, the speed-up with its spread, the greedy check."""
         data = self.metrics.as_dict()
         data.update(name=self.name, verifier=self.verifier, method=self.method or None,
+                    draft_mode=self.draft_mode if self.k else None,
                     tree=None if self.tree is None else self.tree.label,
                     scored_nodes=(self.tree.nodes if self.tree else self.k) + 1,
                     accepted_drafts_per_target_forward=(
@@ -77,7 +79,10 @@ class Contender:
                     tokens_per_target_forward=_per_target_forward(self),
                     speedup_vs_target_only=_ratio(data["tokens_per_s"],
                                                   baseline_tokens_per_s) if self.k else 1.0,
-                    speedup_spread=spread(self.speedups) if self.k else None)
+                    speedup_spread=spread(self.speedups) if self.k else None,
+                    per_trial={"tokens_per_s": self.tokens_per_s,
+                               "accepted_per_forward": self.accepted_per_forward,
+                               "speedup": self.speedups})
         if self.k and greedy:
             data["greedy_match_rate"] = self.matched / self.compared if self.compared else None
             data["greedy_mismatched_rows"] = self.mismatched_rows
@@ -168,13 +173,18 @@ def contenders(cfg: E2EConfig) -> list[Contender]:
     runs = [Contender("target-only", 0, "-", hf.LoopMetrics(k=0))]
     verifiers = ["verify", "dense"] if cfg.dense else ["verify"]
     methods = _chain_methods(cfg.method)
+    modes = cfg.draft_modes
     for v in verifiers:
         for k in cfg.ks:
-            for method in methods:
-                name = f"spec k={k}" + (" dense" if v == "dense" else "") \
-                    + (f" {method}" if len(methods) > 1 else "")
-                metrics = hf.LoopMetrics(k=k, accepted_per_position=[0] * k)
-                runs.append(Contender(name, k, v, metrics, method))
+            for mode in modes:
+                for method in methods:
+                    name = f"spec k={k}" + (" dense" if v == "dense" else "") \
+                        + (f" {method}" if len(methods) > 1 else "") \
+                        + (f" {mode}" if len(modes) > 1 else "")
+                    metrics = hf.LoopMetrics(k=k, accepted_per_position=[0] * k)
+                    runs.append(Contender(name, k, v, metrics, method, draft_mode=mode))
+    # trees: one run per tree and rule, drafted by the tree drafter's own mode; a draft-mode
+    # axis for trees (deterministic children for "argmax") plugs in here.
     tree_methods = TREE_PAIRED_METHODS if cfg.method == "traversal" else (cfg.method,)
     for text in cfg.trees:
         shape = TreeShape.parse(text)
@@ -187,38 +197,68 @@ def contenders(cfg: E2EConfig) -> list[Contender]:
     return runs
 
 
-def _pairs(runs: list[Contender]) -> list[tuple[Contender, Contender]]:
-    """The paired runs: same ``k``, verifier and tree, methods a pair (first, second)."""
-    return [(a, b) for a in runs for b in runs
-            if (a.method, b.method) in (PAIRED_METHODS, TREE_PAIRED_METHODS)
-            and (a.k, a.verifier, a.tree) == (b.k, b.verifier, b.tree)]
+def _group(run: Contender) -> tuple[Any, ...] | None:
+    """Runs compared side by side share a group: same budget, verifier and tree, differing
+    only in rule or draft mode (None: a run compared with nothing but target-only)."""
+    return None if run.k == 0 else (run.k, run.verifier, run.tree)
 
 
-def _alternate(order: list[Contender], flip: bool) -> list[Contender]:
-    """``order`` with each pair's two runs swapped when ``flip``: the pair runs ABAB over
+def _alternate(order: list[Contender], runs: list[Contender], flip: bool) -> list[Contender]:
+    """``order`` with each group's runs, in the slots the rotation gave the group, put in their
+    listed order, reversed when ``flip``: every two runs compared side by side go ABAB over
     successive trials, whatever the rotation did."""
-    if not flip:
-        return order
     out = list(order)
-    for a, b in _pairs(order):
-        i, j = out.index(a), out.index(b)
-        out[i], out[j] = out[j], out[i]
+    groups: dict[Any, list[int]] = {}
+    for i, run in enumerate(out):
+        if _group(run) is not None:
+            groups.setdefault(_group(run), []).append(i)
+    for slots in groups.values():
+        if len(slots) < 2:
+            continue
+        members = sorted((out[i] for i in slots), key=runs.index)
+        for i, run in zip(slots, reversed(members) if flip else members, strict=True):
+            out[i] = run
     return out
 
 
 def run_e2e(cfg: E2EConfig, progress: Progress | None = None,
-            argv: list[str] | None = None) -> dict[str, Any]:
-    """Load (converting once where needed), run every configuration interleaved, return data."""
+            argv: list[str] | None = None, engines: Engines | None = None) -> dict[str, Any]:
+    """Load (converting once where needed; ``engines`` given: reuse them), run every
+    configuration interleaved, return data (with ``cfg.sweep``: the flatness curve and each
+    method's best budget chosen on held-out prompts, :mod:`~portable_verify.e2e.sweep`)."""
     say = progress or (lambda line: None)
     previous_threads = torch.get_num_threads()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     try:
-        engines = load_engines(cfg, say)
+        engines = engines or load_engines(cfg, say)
         runs = _measure(cfg, engines, say)
+        curve = _flatness(cfg, engines, runs, say) if cfg.sweep else None
     finally:
         torch.set_num_threads(previous_threads)
-    return _report(cfg, engines, runs, argv)
+    data = _report(cfg, engines, runs, argv)
+    if cfg.sweep:
+        from portable_verify.e2e import sweep
+
+        data["flatness"] = curve
+        data["sweep"] = sweep.sweep_report(data, sweep.selection_batches(data["num_batches"]))
+    return data
+
+
+def _flatness(cfg: E2EConfig, engines: Engines, runs: list[Contender],
+              say: Progress) -> list[dict[str, float]]:
+    """The target forward's cost at 1 .. the most scored positions of any run."""
+    from portable_verify.e2e import flatness
+
+    most = max(_scored(r) for r in runs)
+    say(f"flatness: timing the target's forward at 1..{most} scored positions")
+    clock = time.process_time if cfg.clock == "cpu" else time.perf_counter
+    return flatness.forward_cost(engines.target, most, clock=clock)
+
+
+def _scored(run: Contender) -> int:
+    """Target positions scored per step: the last token plus every draft (or tree node)."""
+    return (run.tree.nodes if run.tree is not None else run.k) + 1
 
 
 def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]:
@@ -257,7 +297,7 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
             engines.target, engines.draft, ids, attention_mask=mask, max_new_tokens=n,
             k=run.k, options=VerifyOptions(run.method, cfg.typical),
             temperature=cfg.temperature, seed=seed, verifier=verifier, eos_token_id=eos,
-            pad_token_id=pad, clock=clock)
+            pad_token_id=pad, clock=clock, draft_mode=run.draft_mode)
         if shadow is not None:  # the shadow call is the measurement's, not the run's
             out.metrics.verify_time_s -= shadow.shadow_time_s
             out.metrics.decode_time_s -= shadow.shadow_time_s
@@ -277,7 +317,7 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
             order = runs[rnd % len(runs):] + runs[: rnd % len(runs)]  # rotate who goes first
             if bi not in reference:  # target-only first in round 0: the equality reference
                 order = [runs[0]] + [r for r in order if r is not runs[0]]
-            order = _alternate(order, (rnd * len(batches) + bi) % 2 == 1)
+            order = _alternate(order, runs, (rnd * len(batches) + bi) % 2 == 1)
             base_tps = float("nan")
             batch_tps: dict[str, float] = {}
             for run in order:
@@ -308,6 +348,11 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
     return runs
 
 
+def _trial_batches(cfg: E2EConfig, n_batches: int) -> list[int]:
+    """The prompt batch of each trial, in the order every run's per-trial lists hold them."""
+    return [bi for _ in range(cfg.rounds) for bi in range(n_batches)]
+
+
 def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
             argv: list[str] | None) -> dict[str, Any]:
     greedy = cfg.greedy
@@ -336,6 +381,8 @@ def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
         },
         "equality_checked": exact,
         "results": results,
+        "num_batches": -(-cfg.num_prompts // cfg.batch),
+        "trial_batches": _trial_batches(cfg, -(-cfg.num_prompts // cfg.batch)),
     }
     if cfg.dense:
         ours = {r["k"]: r for r in results if r["verifier"] == "verify"}
@@ -348,7 +395,11 @@ def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
              "dense_ms_per_step": 1e3 * dense[k]["verify_time_s"] / max(dense[k]["steps"], 1)}
             for k in ours]
     if cfg.method == "block":
-        data["block_comparison"] = [block_comparison(runs, k) for k in cfg.ks]
+        data["block_comparison"] = [block_comparison(runs, k, mode) for k in cfg.ks
+                                    for mode in cfg.draft_modes]
+    if len(cfg.draft_modes) > 1:
+        data["draft_mode_comparison"] = [draft_mode_comparison(runs, k, m) for k in cfg.ks
+                                         for m in _chain_methods(cfg.method)]
     if cfg.trees:
         data["tree_comparison"] = tree_comparison(runs)
     if cfg.trees and cfg.method == "traversal":
@@ -357,18 +408,19 @@ def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
     return data
 
 
-def block_comparison(runs: list[Contender], k: int) -> dict[str, Any]:
-    """Block against token-wise rejection at draft length ``k``: the gain in mean accepted
-    drafts per step, paired over trials (whole runs) and over steps (same inputs), with 95%
-    Student-t intervals over trials, and the tokens/s ratio per trial."""
-    block, rej = (next(r for r in runs if r.k == k and r.method == m and r.verifier == "verify")
-                  for m in PAIRED_METHODS)
+def block_comparison(runs: list[Contender], k: int, mode: str = "sampled") -> dict[str, Any]:
+    """Block against token-wise rejection at draft length ``k`` with drafts of ``mode``: the
+    gain in mean accepted drafts per step, paired over trials (whole runs) and over steps (same
+    inputs), with 95% Student-t intervals over trials, and the tokens/s ratio per trial."""
+    block, rej = (next(r for r in runs if r.k == k and r.method == m and r.verifier == "verify"
+                       and r.draft_mode == mode) for m in PAIRED_METHODS)
     per_trial = [b - r for b, r in zip(block.accepted_per_step, rej.accepted_per_step,
                                        strict=True)]
     same_steps = [db + dr for db, dr in zip(block.same_step_diffs, rej.same_step_diffs,
                                             strict=True)]
     return {
         "k": k,
+        "draft_mode": mode,
         "trials": len(per_trial),
         "accepted_per_step_block": block.metrics.accepted_tokens / max(block.metrics.row_steps, 1),
         "accepted_per_step_rejection": rej.metrics.accepted_tokens / max(rej.metrics.row_steps, 1),
@@ -383,6 +435,30 @@ def block_comparison(runs: list[Contender], k: int) -> dict[str, Any]:
                                                           strict=True)]),
     }
 
+
+
+def draft_mode_comparison(runs: list[Contender], k: int, method: str) -> dict[str, Any]:
+    """Sampled against argmax drafts for ``method`` at draft length ``k``, on the same prompts
+    and seeds: tokens per target forward and tokens/s, each as a per-trial paired difference
+    (sampled - argmax) or ratio with its 95% Student-t interval over trials. No same-step
+    pairing: the two modes propose different drafts, so they never share a step's inputs."""
+    sampled, argmax = (next(r for r in runs if r.k == k and r.method == method
+                            and r.verifier == "verify" and r.draft_mode == m)
+                       for m in ("sampled", "argmax"))
+    apf = [a - b for a, b in zip(sampled.accepted_per_forward, argmax.accepted_per_forward,
+                                 strict=True)]
+    tps = [a / b for a, b in zip(sampled.tokens_per_s, argmax.tokens_per_s, strict=True) if b]
+    return {
+        "k": k,
+        "method": method,
+        "trials": len(apf),
+        "tokens_per_target_forward_sampled": _per_target_forward(sampled),
+        "tokens_per_target_forward_argmax": _per_target_forward(argmax),
+        "tokens_per_s_sampled": sampled.metrics.tokens_per_s,
+        "tokens_per_s_argmax": argmax.metrics.tokens_per_s,
+        "accepted_per_forward_difference": mean_interval(apf),
+        "tokens_per_s_ratio": mean_interval(tps),
+    }
 
 
 def _trial_means(pairs: list[tuple[list[int], list[int]]]) -> tuple[list[float], list[float]]:
@@ -440,7 +516,7 @@ def tree_comparison(runs: list[Contender]) -> list[dict[str, Any]]:
     """Each tree against the chain scoring as many nodes (``k = nodes``): accepted drafts per
     target forward and tokens/s, as one ratio per (round, prompt batch) with its spread, and
     the paired difference (tree - chain per trial) with its 95% Student-t interval."""
-    chains = {r.k: r for r in runs if r.verifier == "verify"}
+    chains = {r.k: r for r in runs if r.verifier == "verify" and r.draft_mode == "sampled"}
     rows = []
     for tree in (r for r in runs if r.tree is not None):
         chain = chains.get(tree.tree.nodes)  # type: ignore[union-attr]

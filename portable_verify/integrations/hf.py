@@ -45,6 +45,10 @@ LOOP_METHODS: tuple[str, ...] = tuple(m for m in methods.names(methods.CHAIN) if
 PROB_METHODS: frozenset[str] = frozenset(m for m in LOOP_METHODS
                                          if methods.TABLE[m].draft_probs == "uses")
 """Methods whose verifier reads the draft's distributions (``draft_probs``)."""
+DRAFT_MODES: tuple[str, ...] = ("sampled", "argmax")
+"""How sampled rows draft: draws from the draft's tempered softmax, whose rows then reach the
+verifier as ``draft_probs``; or the draft's argmax, passed as point masses (no ``draft_probs``).
+Both are exact; block-style rules gain over token-wise rejection only with sampled drafts."""
 DRAFT_OFFSET = 1 << 40
 """Added to the step counter for the draft's own uniforms, so they never reuse the verifier's."""
 PLAIN_HEAD_MODEL_TYPES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3"})
@@ -371,6 +375,7 @@ def speculative_generate(
     fast_head: bool = False,
     clock: Callable[[], float] = time.perf_counter,
     options: VerifyOptions | None = None,
+    draft_mode: str = "sampled",
 ) -> GenerateResult:
     """Generate up to ``max_new_tokens`` per row with ``k`` draft tokens per step.
 
@@ -396,6 +401,12 @@ def speculative_generate(
             :class:`_Forward`; off by default).
         clock: what the metrics' times read (``time.process_time`` on a shared CPU: it leaves
             out the time spent waiting for a core, so one-thread runs stay comparable).
+        draft_mode: ``"sampled"`` (sampled rows draw their drafts from the draft's tempered
+            softmax and methods that use them get those rows as ``draft_probs``) or
+            ``"argmax"`` (every row proposes the draft's argmax and no ``draft_probs`` is
+            passed: the verifier takes each draft as a point mass, which is exact because an
+            argmax draft is a deterministic function of the context). Greedy rows draft the
+            argmax either way.
 
     Returns:
         :class:`GenerateResult`. With ``method="greedy"`` in float32, ``sequences`` equals
@@ -406,11 +417,15 @@ def speculative_generate(
     method = options.method
     k = _check_int("k", k, 1)
     max_new_tokens = _check_int("max_new_tokens", max_new_tokens, 1)
+    if draft_mode not in DRAFT_MODES:
+        raise ValueError(f"draft_mode must be one of {DRAFT_MODES}, got {draft_mode!r}")
     ids, mask = _check_prompt(input_ids, attention_mask)
     verifier = verify if verifier is None else verifier
     device = ids.device
     b, p = ids.shape
     temps = _row_temperatures(temperature, method, b, device)
+    sampled_drafts = temps is not None and draft_mode == "sampled"  # else argmax proposals
+    pass_probs = method in PROB_METHODS and draft_mode == "sampled"
     # A scalar stays a scalar for the verifier: it then knows on the host whether any row is
     # greedy and skips the unused argmax or sampling pass.
     verify_temp = temps if temps is None or not isinstance(temperature, (int, float)) \
@@ -440,7 +455,7 @@ def speculative_generate(
         t0 = clock()
         active = [not d for d in rows.done]
         u_draft = None
-        if temps is not None:
+        if sampled_drafts:
             offsets = torch.full((b,), step + DRAFT_OFFSET, dtype=torch.int64, device=device)
             u_draft = rng.uniforms_torch(seeds, offsets, k + 1)
         # 1. draft k tokens
@@ -448,7 +463,8 @@ def speculative_generate(
         logits = draft.logits(pending, d_cache, pend_pos, d_mask if holes else None, True)
         drafts, qs = [], []
         for j in range(k):
-            x, q = _propose(logits, temps, None if u_draft is None else u_draft[:, j])
+            x, q = _propose(logits, temps if sampled_drafts else None,
+                            None if u_draft is None else u_draft[:, j])
             drafts.append(x)
             qs.append(q)
             if j < k - 1:
@@ -472,7 +488,7 @@ def speculative_generate(
         result = verifier(
             draft_ids,
             target_logits=t_logits,
-            draft_probs=torch.stack(qs, 1) if method in PROB_METHODS else None,
+            draft_probs=torch.stack(qs, 1) if pass_probs else None,
             options=options,
             temperature=verify_temp,
             seed=seeds,
