@@ -418,13 +418,14 @@ def _e2e_args(*argv: str):
 
 def test_cli_options_and_presets():
     cfg, notes = _e2e_args("--quick")
-    assert (cfg.ks, cfg.num_prompts, cfg.rounds, cfg.threads) == ((2,), 2, 1, 1)
-    assert notes == ["--quick: --k 2, --max-new-tokens 24, --prompts 2, --rounds 1"]
+    assert (cfg.ks, cfg.num_prompts, cfg.rounds, cfg.threads) == ((2, 4), 2, 1, 1)
+    assert notes[0].startswith(f"runtime: {cfg.runtime} (")
+    assert notes[1] == "--quick: --k 2,4, --max-new-tokens 24, --prompts 2, --rounds 1"
     cfg, notes = _e2e_args("--quick", "--k", "3", "--prompts", "1")  # flags beat --quick
     assert (cfg.ks, cfg.num_prompts, cfg.max_new_tokens) == ((3,), 1, 24)
     cfg, notes = _e2e_args("--preset", "seed", "--batch", "1")  # agreeing with it is fine
     assert (cfg.method, cfg.ks, cfg.batch, cfg.dense) == ("typical", (2,), 1, True)
-    assert notes[0].startswith("preset seed: --method typical, --k 2, --batch 1, --dense on")
+    assert notes[1].startswith("preset seed: --method typical, --k 2, --batch 1, --dense on")
     assert _e2e_args("--k", "1,3")[0].ks == (1, 3)
     for bad, name in ((("--k", "1,x"), "--k"), (("--k", "0"), "--k"),
                       (("--prompts", "99"), "--prompts"), (("--batch", "0"), "--batch"),
@@ -433,7 +434,7 @@ def test_cli_options_and_presets():
                       (("--clock", "cpu", "--threads", "2"), "threads=1"),
                       (("--preset", "seed", "--k", "4"), "--k 4 contradicts"),
                       (("--preset", "seed", "--method", "greedy"), "--method greedy contradicts"),
-                      (("--draft", "int4"), "int4 needs --runtime openvino"),
+                      (("--draft", "int4", "--runtime", "torch"), "int4 needs --runtime openvino"),
                       (("--runtime", "openvino", "--dtype", "bfloat16"), "float32")):
         with pytest.raises(ValueError, match=name):
             _e2e_args(*bad)
