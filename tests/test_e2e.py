@@ -461,7 +461,9 @@ def test_cli_quick_on_the_default_model(capsys, runtime):
         pytest.importorskip("openvino")
     from portable_verify.cli.main import main
 
-    rc = main(["e2e", "--quick", "--runtime", runtime, "--json", "-", "--max-new-tokens", "16"])
+    budgets = ["--k", "2"] if runtime == "torch" else []  # torch's run is slower: one budget
+    rc = main(["e2e", "--quick", "--runtime", runtime, "--json", "-", "--max-new-tokens", "16",
+               *budgets])
     captured = capsys.readouterr()
     data = json.loads(captured.out)
     assert rc == 0, captured.err
@@ -473,7 +475,8 @@ def test_cli_quick_on_the_default_model(capsys, runtime):
     assert all(len(r["acceptance_rate_per_position"]) == r["k"] for r in spec)
     assert all(r["speedup_spread"]["n"] == 2 for r in spec)  # one ratio per prompt batch
     assert "%|" not in captured.err, "a progress bar of transformers leaked"
-    assert "[6/6]" in captured.err  # one progress line per configuration run off a terminal
+    runs = 2 * len(data["config"]["ks"]) + 2  # (target-only + each k) x 2 prompt batches
+    assert f"[{runs}/{runs}]" in captured.err  # a progress line per configuration run
     assert captured.err.lstrip().startswith(f"e2e: runtime: {runtime} (--runtime)")
     assert data["sampled_run"]["config"]["temperature"] == 0.8
     assert [h["run"] for h in data["headline"]] == ["greedy", "T=0.8"]

@@ -53,7 +53,8 @@ def add_parser(subparsers: Any) -> None:
                    help="torch target dtype (equality is checked in float32; bf16 reports a "
                    "match rate)")
     p.add_argument("--k", default=None,
-                   help="draft lengths, comma separated (default 1,2,3,4,5; --quick 2)")
+                   help="draft lengths, comma separated (default 1,2,3,4,5; --quick 2,4; "
+                   "--sweep 1..8)")
     p.add_argument("--tree", default=None,
                    help="draft trees, comma separated, WIDTHxDEPTH[:NODES] (e.g. 2x4,3x8:8): "
                    "the draft's chain of DEPTH tokens plus WIDTH-1 siblings per position, the "
