@@ -401,7 +401,8 @@ def _block_line(c: dict[str, Any]) -> str:
     """Block against rejection at one k: both gains with 95% intervals, and tokens/s."""
     r = c["tokens_per_s_ratio"]
     ratio = "-" if r is None else f"{r['median']:.3f}x ({r['min']:.3f}-{r['max']:.3f})"
-    return (f"block vs rejection k={c['k']}: accepted drafts/step "
+    return (f"block vs rejection k={c['k']}, {c.get('draft_mode', 'sampled')} drafts: "
+            f"accepted drafts/step "
             f"{c['accepted_per_step_block']:.3f} vs {c['accepted_per_step_rejection']:.3f}; "
             f"gain, whole runs "
             f"{_interval(c['gain_runs'])}, same steps {_interval(c['gain_same_steps'])} (95%, "
