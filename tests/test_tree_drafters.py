@@ -149,6 +149,28 @@ def test_batched_rows_draft_as_alone(pair, temperature):
             assert torch.allclose(both.draft_probs[r], alone.draft_probs[0], atol=1e-5)
 
 
+@pytest.mark.parametrize("children", ["greedy", "without_replacement", "iid"])
+def test_the_batched_spine_is_draft_tree_per_row(pair, children):
+    """The spine drafter on three rows at once (its batched path) gives each row what
+    ``tree_loop.draft_tree`` (its batch-1 path) gives it alone: same tokens, shape, slots and
+    draft rows."""
+    _, draft = pair
+    ids = torch.cat([_prompt(s) for s in (4, 5, 6)])
+    seeds = (21, 22, 23)
+    temperature = 0.0 if children == "greedy" else 1.0
+    kind = "without_replacement" if children == "greedy" else children
+    for shape in (TreeShape(3, 4, 8), TreeShape(2, 3, 3), TreeShape(1, 3, 3)):
+        both, _, _ = _draft(Batched(draft), ids, DRAFTERS["spine"], shape,
+                            _how(temperature, seeds, 3, kind))
+        for r in range(3):
+            alone, _, _ = _draft(hf.as_step_model(draft), ids[r: r + 1], DRAFTERS["spine"],
+                                 shape, _how(temperature, seeds[r:r + 1], 3, kind))
+            for name in ("tokens", "parents", "depths", "draft_slots"):
+                assert torch.equal(getattr(both, name)[r], getattr(alone, name)[0]), (r, name)
+            if temperature:
+                assert torch.allclose(both.draft_probs[r], alone.draft_probs[0], atol=1e-5)
+
+
 class _PositionalDraft:
     """A draft whose rows depend on the position only, never on the tokens: a tree shape
     chosen from the rows alone must then be the same whatever the children drew."""
@@ -334,9 +356,6 @@ def test_drafter_names_and_arguments():
         get_drafter("beam")
     with pytest.raises(ValueError, match="frontier"):
         DynamicDrafter(0)
-    with pytest.raises(ValueError, match="batch 1"):
-        DRAFTERS["spine"](None, None, torch.zeros(2, 4), torch.tensor([1, 2]), 3,
-                          TreeShape(2, 2, 2), _how(0.0))
     with pytest.raises(ValueError, match="token history"):
         DRAFTERS["ngram"](None, object(), torch.zeros(1, 4), torch.tensor([1]), 3,
                           TreeShape(2, 2, 2), _how(0.0))

@@ -148,12 +148,14 @@ _DRAFTED_CHILDREN = tree_drafters._children
 
 def test_sampled_tree_steps_follow_the_target_law(law_pair, monkeypatch):
     """Design: V = 8, 2000 requests, chi-square over the 64 joint cells of the first two
-    tokens, each exact configuration accepted at p > 1e-3 (a 0.1% false-alarm rate each, 6
-    configurations: ~0.6% for the test). Configurations: the dynamic drafter with children
+    tokens, each exact configuration accepted at p > 1e-3 (a 0.1% false-alarm rate each, 8
+    configurations: ~0.8% for the test). Configurations: the dynamic drafter with children
     drawn without replacement and iid (draft rows passed) and argmax children at T > 0
     (``children="deterministic"``, no draft rows), each under the token-level rule and
-    traversal. Power: the negative control (sampled children kept by their own drawn token's
-    draft probability) runs through the same test and must be rejected at p < 1e-6."""
+    traversal; the spine drafter's batched path, without replacement under the token-level
+    rule and iid under traversal. Power: the negative control (sampled children kept by their
+    own drawn token's draft probability) runs through the same test and must be rejected at
+    p < 1e-6 (measured: ~1e-98)."""
     target, draft = law_pair
     prompt = torch.tensor([[1, 5, 2]])
     exact = _exact(target, prompt)
@@ -163,7 +165,11 @@ def test_sampled_tree_steps_follow_the_target_law(law_pair, monkeypatch):
     for children in ("without_replacement", "iid", "deterministic"):
         for method in ("rejection", "traversal"):
             pairs = _two_tokens(bt, bd, prompt, drafter, children, method)
-            pvalues[(children, method)] = _pvalue(pairs, exact)
+            pvalues[("dynamic", children, method)] = _pvalue(pairs, exact)
+    spine = tree_drafters.DRAFTERS["spine"]  # batched: its per-row path
+    for children, method in (("without_replacement", "rejection"), ("iid", "traversal")):
+        pairs = _two_tokens(bt, bd, prompt, spine, children, method)
+        pvalues[("spine", children, method)] = _pvalue(pairs, exact)
     assert all(p > 1e-3 for p in pvalues.values()), pvalues
     assert SEEN["bushy"] > N and SEEN["deep"] > N, SEEN  # siblings and depth both exercised
     monkeypatch.setattr(tree_drafters, "_children", _own_probability_children)
