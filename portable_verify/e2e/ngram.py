@@ -45,6 +45,23 @@ class TokenHistory:
     def row(self, i: int) -> np.ndarray:
         return self.tokens[i][self.alive[i]]
 
+    def mark(self) -> int:
+        """Where the next slot goes (the tree loop counts tree slots from here)."""
+        return int(self.tokens.shape[1])
+
+    def keep(self, mark: int, slots: torch.Tensor) -> None:
+        """Keep the slots ``mark + slots`` (``[B, n]`` or ``[n]``, ``-1`` padding) after each
+        row's history and drop the rest since ``mark``: the tree loop's ``keep_slots``."""
+        idx = slots.detach().cpu().numpy().astype(np.int64).reshape(-1, slots.shape[-1]) \
+            if slots.numel() else np.zeros((self.tokens.shape[0], 0), dtype=np.int64)
+        idx = np.broadcast_to(idx, (self.tokens.shape[0], idx.shape[1]))
+        tail, live = self.tokens[:, mark:], self.alive[:, mark:]
+        safe = np.clip(idx, 0, max(tail.shape[1] - 1, 0))
+        kept = np.take_along_axis(tail, safe, 1) if tail.shape[1] else np.zeros_like(idx)
+        alive = (idx >= 0) & (np.take_along_axis(live, safe, 1) if tail.shape[1] else False)
+        self.tokens = np.concatenate([self.tokens[:, :mark], kept], axis=1)
+        self.alive = np.concatenate([self.alive[:, :mark], alive], axis=1)
+
 
 def lookup(seq: np.ndarray, max_ngram: int) -> int:
     """The token after the latest earlier match of ``seq``'s last ``n`` tokens, longest first.

@@ -47,6 +47,10 @@ verification (leaves up, sequence weights); both exact. ``greedy``: the greedy t
 SAMPLED_CHILDREN: tuple[str, ...] = ("without_replacement", "iid")
 """How siblings are drawn at ``T > 0``: without replacement (distinct, the default) or iid
 from the spine's row (duplicates possible), each told to ``verify_tree`` as its ``children``."""
+TREE_CHILDREN: tuple[str, ...] = (*SAMPLED_CHILDREN, "deterministic")
+"""``children`` values of :func:`tree_generate`: ``"deterministic"`` drafts argmax trees (the
+greedy drafts) at every temperature and verifies them with no ``draft_probs`` (point masses,
+exact: docs/semantics.md)."""
 GREEDY_RANK_TEMPERATURE = 0.5
 """Greedy: the draft's logits divided by this estimate P(target argmax = token) (chosen from
 1, 0.5, 0.25, 0.1 on three held-out chat prompts: weak evidence, docs/decisions.md)."""
@@ -306,8 +310,8 @@ def _check_arguments(input_ids: Any, max_new_tokens: Any, method: str, temperatu
     """Bad arguments, each error naming its argument, before any model runs."""
     if method not in TREE_METHODS:
         raise ValueError(f"method must be one of {TREE_METHODS}, got {method!r}")
-    if children not in SAMPLED_CHILDREN:
-        raise ValueError(f"children must be one of {SAMPLED_CHILDREN}, got {children!r}")
+    if children not in TREE_CHILDREN:
+        raise ValueError(f"children must be one of {TREE_CHILDREN}, got {children!r}")
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
             or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
         raise ValueError("input_ids must be one prompt [1, P] (the tree loop runs batch 1), got "
@@ -337,6 +341,7 @@ def tree_generate(
     children: str = "without_replacement",
     verifier: Callable[..., Any] = verify_tree,
     clock: Callable[[], float] = time.perf_counter,
+    drafter: Callable[..., DraftTree] | None = None,
 ) -> hf.GenerateResult:
     """Generate up to ``max_new_tokens`` tokens for one prompt ``input_ids [1, P]`` with a
     draft tree of ``shape`` per step. ``method="greedy"`` in float32 reproduces target-only
@@ -345,7 +350,9 @@ def tree_generate(
     without replacement or iid, kept by their rows only); at ``temperature == 0`` they decode
     greedily. ``rank_temperature``: greedy ranking's (default
     :data:`GREEDY_RANK_TEMPERATURE`). ``verifier``: called as ``verify_tree`` (a
-    :class:`~portable_verify.e2e.paired.ShadowVerifier` judges each step by a second rule)."""
+    :class:`~portable_verify.e2e.paired.ShadowVerifier` judges each step by a second rule).
+    ``drafter``: called as :func:`draft_tree` (the default; others in
+    ``e2e/tree_drafters.py``)."""
     _check_arguments(input_ids, max_new_tokens, method, temperature, children)
     greedy = method == "greedy" or temperature == 0
     ids = input_ids.long()
@@ -376,8 +383,10 @@ def tree_generate(
         pend_pos = torch.arange(root_pos - n_pend + 1, root_pos + 1)[None]
         root_logits = draft.logits(pending, d_cache, pend_pos, None, True)
         d_base = cache_mark(d_cache)
-        how = Drafting(verify_temp, seeds, step, rank_t, children)
-        tree = draft_tree(draft, d_cache, root_logits, pending[0, -1], root_pos, shape, how)
+        how = Drafting(0.0 if children == "deterministic" else verify_temp, seeds, step, rank_t,
+                       children)  # argmax trees at T > 0 are the greedy drafts
+        tree = (drafter or draft_tree)(draft, d_cache, root_logits, pending[0, -1], root_pos,
+                                       shape, how)
         td = clock()
         metrics.draft_time_s += td - t0
         t_base = cache_mark(t_cache)
