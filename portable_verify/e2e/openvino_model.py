@@ -10,14 +10,18 @@ explicit inputs; the cache is then made *stateful* (it stays inside the infer re
 calls, no copies through Python) and optionally weight-compressed (int8 per output channel,
 int4 per group of input channels) for drafts.
 
-Rejected positions: the loop drops the slots it rejected with ``cache.crop(-n)``. A stateful
-cache cannot shrink cheaply, so dropped slots stay in the state as dead columns that the
+Rejected positions: the chain loop drops the slots it rejected with ``cache.crop(-n)``, the
+tree loop keeps each row's accepted nodes with ``cache.keep(mark, slots)``. A stateful cache
+cannot shrink cheaply, so dropped slots stay in the state as dead columns, per row, that the
 attention mask hides from every later query; positions come from the loop's ``position_ids``,
-never from slot indices, so a dead slot changes nothing but a little attention work.
+never from slot indices, so a dead slot changes nothing but a little attention work. Trees
+leave about ``nodes - accepted`` dead slots per step; past a bound ``keep`` compacts the state
+(each layer's state gathered to the rows' live slots and written back).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -223,9 +227,11 @@ def export(folder: str, local: bool, weights: str = "f32",
     return xml
 
 
-DEAD_SLOTS_FLOOR = 64
-"""Default bound on removable dead slots: a cache compacts once it holds more than the larger
-of this and its live slots (docs/e2e.md, "Trees on the OpenVINO runtime")."""
+DEAD_SLOTS_FLOOR = 32
+DEAD_SLOTS_SCALE = 6
+"""Default bound on removable dead slots: ``max(DEAD_SLOTS_FLOOR, sqrt(DEAD_SLOTS_SCALE *
+live))``, the square-root rule (a compaction costs about as much per slot moved as a dead slot
+costs per step, docs/decisions.md "Dead slots on the OpenVINO runtime")."""
 
 
 class SlotCache:
@@ -234,7 +240,7 @@ class SlotCache:
     slots dead instead of moving memory; ``compact`` moves it once they pile up).
 
     ``max_dead``: compact when the slots a compaction would remove (``phys`` minus the most
-    live slots of any row) exceed it; ``None``: exceed ``max(DEAD_SLOTS_FLOOR, live)``.
+    live slots of any row) exceed it; ``None``: the default bound (:data:`DEAD_SLOTS_SCALE`).
     """
 
     def __init__(self, request: Any, max_dead: int | None = None) -> None:
@@ -293,7 +299,7 @@ class SlotCache:
     def bound(self) -> int:
         if self.max_dead is not None:
             return self.max_dead
-        return max(DEAD_SLOTS_FLOOR, self.mark() - self.removable)
+        return max(DEAD_SLOTS_FLOOR, math.isqrt(DEAD_SLOTS_SCALE * (self.mark() - self.removable)))
 
     def _note_dead(self) -> None:
         self.most_dead = max(self.most_dead, self.dead_slots)

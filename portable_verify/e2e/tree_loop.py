@@ -1,4 +1,5 @@
-"""Tree speculative decoding over transformers models (batch 1), verified by ``pv.verify_tree``.
+"""Tree speculative decoding, verified by ``pv.verify_tree``: transformers models at batch 1,
+the OpenVINO runtime at any batch.
 
 Why a second loop: a chain spends every scored position on one guess per depth; a tree spends
 some of them on second guesses where the draft is unsure. The drafter (``draft_tree``) drafts
@@ -9,7 +10,7 @@ the ``nodes`` candidates of highest estimated value (the probability that the ve
 and accepts them). With ``depth == nodes`` the chain of ``k = nodes`` is one of the candidate
 sets, so the tree only gives up a spine node where a sibling is judged worth more (why
 EAGLE-2's beam over the raw draft probabilities lost here: docs/decisions.md, "Trees end to
-end").
+end"). Other drafters plug in through ``tree_generate(drafter=...)``.
 
 One step:
 
@@ -20,11 +21,14 @@ One step:
 3. ``pv.verify_tree`` picks the path (greedy: deterministic children; ``T > 0``: children
    drawn without replacement or iid, with the draft rows; the token-level rule or traversal
    verification); the step's single host sync reads it;
-4. both caches keep the accepted nodes' KV entries by a gather (they are scattered over the
-   tree, not a suffix) and drop the rest.
+4. both caches keep the accepted nodes' KV entries (they are scattered over the tree, not a
+   suffix) and drop the rest: a transformers cache by a gather, the OpenVINO runtime's by
+   marking the rest dead per row (``SlotCache.keep``; compacted past a bound).
 
-Batch 1 only: a batch would need per-row trees with holes, which the chain loop has and this
-experiment does not need (its figure is accepted drafts per target forward).
+Batch > 1 (OpenVINO): rows accept different numbers of nodes, so each row's rejected nodes
+become its own dead slots; positions come from each row's count of emitted tokens; the draft's
+pending tokens (1 or 2 per row) are fed right-aligned with padding entries hidden and dropped.
+Rows that stopped keep stepping (their tokens are ignored), as in the chain loop.
 """
 
 from __future__ import annotations
