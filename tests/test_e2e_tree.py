@@ -247,6 +247,9 @@ def test_cli_tree_option():
                        (("--tree", "2x4", "--method", "traversal", "--dense"), "--dense")):
         with pytest.raises(ValueError, match=match):
             _e2e_args(*bad)
+    assert _e2e_args("--tree", "2x4", "--runtime", "openvino")[0].runtime == "openvino"
+    with pytest.raises(ValueError, match="batch 1"):
+        _e2e_args("--tree", "2x4", "--runtime", "openvino", "--batch", "2")
     cfg, _ = _e2e_args("--tree", "2x4", "--method", "traversal", "--children", "iid")
     assert (cfg.method, cfg.children, cfg.ks) == ("traversal", "iid", (4,))
 

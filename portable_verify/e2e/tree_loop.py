@@ -519,17 +519,18 @@ def tree_generate(
                               tree.depths, tree_attention_mask(tree.parents))
         tv = clock()
         metrics.target_time_s += tv - td
+        deepest = min(d, tree.tokens.shape[1] - 1)  # a drafter may return fewer nodes
         result = verifier(tree.tokens, tree.parents, target_logits=logits,
                           draft_probs=tree.draft_probs,
                           children="deterministic" if greedy else children,
                           method=method, temperature=verify_temp, seed=seeds,
-                          seed_offset=step, max_depth=d, validate=False)
+                          seed_offset=step, max_depth=deepest, validate=False)
         metrics.verify_time_s += clock() - tv
         a = result.num_accepted
-        t_keep, fed, n_fed, scattered = _step_keeps(result, tree, d)
+        t_keep, fed, n_fed, scattered = _step_keeps(result, tree, deepest)
         host = torch.cat([result.token_ids, a[:, None], scattered[:, None].long(),
                           (a - n_fed)[:, None]], 1).tolist()  # the step's one sync
-        _book(rows, metrics, host, active, d)
+        _book(rows, metrics, host, active, deepest)
         keep_slots(t_cache, t_base, t_keep)
         keep_slots(d_cache, d_base, fed)
         unseen = [row[-1] for row in host]
