@@ -150,8 +150,9 @@ def _with_bound(models, bound):
 
 def test_compaction_keeps_outputs_identical(models, ragged, monkeypatch):
     """A bound of 2 dead slots compacts both caches nearly every step: the output is still
-    target-only decoding's. Negative control: a compaction that keeps each row's first slots
-    instead of its live ones must break it."""
+    target-only decoding's, as without any bound (no compaction, dead slots piling up).
+    Negative control: a compaction that keeps each row's first slots instead of its live ones
+    must break it."""
     ids, mask = ragged
     want = _target_only(models, ids, mask, 20)
     small = _with_bound(models, 2)
@@ -159,8 +160,10 @@ def test_compaction_keeps_outputs_identical(models, ragged, monkeypatch):
     out = tree_generate(small["target"], small["draft"], ids, **kw)
     assert torch.equal(out.sequences, want)
     assert out.metrics.compactions >= out.metrics.steps and out.metrics.dead_slots <= 2 + 3 * 8
-    plain = tree_generate(models["target"], models["draft"], ids, **kw)
+    unbounded = _with_bound(models, 1 << 30)
+    plain = tree_generate(unbounded["target"], unbounded["draft"], ids, **kw)
     assert plain.metrics.compactions == 0 and plain.metrics.max_dead_slots > 2
+    assert torch.equal(plain.sequences, want)
     # A draft whose cache the plugin stores quantised (as the e2e drafts run) compacts too.
     u8 = openvino_model.OpenVINOCausalLM(models["draft"].xml, exact_kv=False, max_dead_slots=2)
     out = tree_generate(small["target"], u8, ids, **kw)
