@@ -209,6 +209,25 @@ def test_sampled_trees_are_valid_reproducible_and_rowwise(models, ragged, method
         assert alone.new_tokens[0] == a.new_tokens[row], row
 
 
+def test_rowwise_check_catches_a_batch_wide_draft_stream(models, ragged, monkeypatch):
+    """Negative control of the row-independence check: every row drawing its drafts from row
+    0's stream (a batch-wide stream) must make row 1 in the batch differ from row 1 alone."""
+    ids, mask = ragged
+    kw = dict(max_new_tokens=16, shape=TreeShape(3, 3, 5), method="rejection", temperature=0.8,
+              pad_token_id=0)
+    own = tree_loop.Drafting.uniforms
+
+    def shared(self, offset, cols):
+        return own(self, offset, cols)[:1].expand(self.seeds.shape[0], -1)
+
+    monkeypatch.setattr(tree_loop.Drafting, "uniforms", shared)
+    batch = tree_generate(models["target"], models["draft"], ids, attention_mask=mask,
+                          seed=[5, 6, 7], **kw)
+    alone = tree_generate(models["target"], models["draft"], ids[1:2], attention_mask=mask[1:2],
+                          seed=[6], **kw)
+    assert alone.new_tokens[0] != batch.new_tokens[1]
+
+
 def test_transformers_models_run_batch_one(models):
     target = tiny_llama(0)
     with pytest.raises(ValueError, match="input_ids: the tree loop runs transformers models at "
