@@ -108,8 +108,8 @@ class E2EConfig:
     clock: str = "wall"  # "wall" or "cpu" (process CPU time: waiting for a core left out)
     preset: str | None = None
     typical: TypicalParams = DEFAULT_TYPICAL
-    trees: tuple[str, ...] = ()  # tree shapes "WxD[:M]" (batch 1, torch; greedy, rejection
-    # or traversal)
+    trees: tuple[str, ...] = ()  # tree shapes "WxD[:M]" (batch 1; greedy, rejection or
+    # traversal)
     children: str = "without_replacement"  # trees at T > 0: siblings drawn so, or "iid"
     draft_modes: tuple[str, ...] = ("sampled",)  # chains at T > 0: sampled and/or argmax drafts
     sweep: bool = False  # choose each method's best budget on held-out prompts
@@ -178,11 +178,12 @@ class E2EConfig:
 
         for text in self.trees:
             TreeShape.parse(text)
-        if self.batch != 1 or self.runtime != "torch" \
-                or self.method not in ("greedy", "rejection", "traversal"):
-            raise ValueError("--tree runs batch 1 in the torch runtime with method greedy, "
-                             f"rejection or traversal; got batch {self.batch}, runtime "
-                             f"{self.runtime}, method {self.method}")
+        if self.method not in ("greedy", "rejection", "traversal"):
+            raise ValueError("--tree runs with method greedy, rejection or traversal; got "
+                             f"method {self.method}")
+        if self.batch != 1:  # the runner passes trees no attention mask for padded prompts
+            raise ValueError(f"--tree runs batch 1 (runtime torch or openvino); got batch "
+                             f"{self.batch}")
         if self.draft == "ngram":
             raise ValueError("--tree drafts with a draft model's distributions: it needs a "
                              "model draft, not ngram")

@@ -10,14 +10,18 @@ explicit inputs; the cache is then made *stateful* (it stays inside the infer re
 calls, no copies through Python) and optionally weight-compressed (int8 per output channel,
 int4 per group of input channels) for drafts.
 
-Rejected positions: the loop drops the slots it rejected with ``cache.crop(-n)``. A stateful
-cache cannot shrink cheaply, so dropped slots stay in the state as dead columns that the
+Rejected positions: the chain loop drops the slots it rejected with ``cache.crop(-n)``, the
+tree loop keeps each row's accepted nodes with ``cache.keep(mark, slots)``. A stateful cache
+cannot shrink cheaply, so dropped slots stay in the state as dead columns, per row, that the
 attention mask hides from every later query; positions come from the loop's ``position_ids``,
-never from slot indices, so a dead slot changes nothing but a little attention work.
+never from slot indices, so a dead slot changes nothing but a little attention work. Trees
+leave about ``nodes - accepted`` dead slots per step; past a bound ``keep`` compacts the state
+(each layer's state gathered to the rows' live slots and written back).
 """
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import tempfile
@@ -223,25 +227,96 @@ def export(folder: str, local: bool, weights: str = "f32",
     return xml
 
 
+DEAD_SLOTS_FLOOR = 32
+DEAD_SLOTS_SCALE = 6
+"""Default bound on removable dead slots: ``max(DEAD_SLOTS_FLOOR, sqrt(DEAD_SLOTS_SCALE *
+live))``, the square-root rule (a compaction costs about as much per slot moved as a dead slot
+costs per step, docs/decisions.md "Dead slots on the OpenVINO runtime")."""
+
+
 class SlotCache:
     """One generation's KV cache: the infer request holding the state, and which of its
-    physical slots are still the loop's (``crop`` marks slots dead instead of moving memory)."""
+    physical slots each row still attends to (``live [B, phys]``: ``crop`` and ``keep`` mark
+    slots dead instead of moving memory; ``compact`` moves it once they pile up).
 
-    def __init__(self, request: Any) -> None:
+    ``max_dead``: compact when the slots a compaction would remove (``phys`` minus the most
+    live slots of any row) exceed it; ``None``: the default bound (:data:`DEAD_SLOTS_SCALE`).
+    """
+
+    def __init__(self, request: Any, max_dead: int | None = None) -> None:
+        if max_dead is not None and max_dead < 0:
+            raise ValueError(f"max_dead must be >= 0 or None, got {max_dead}")
         self.request = request
         request.reset_state()
-        self.live = np.zeros(0, dtype=bool)  # per physical slot
+        self.live = np.zeros((0, 0), dtype=bool)  # [B, phys], B set by the first forward
+        self.max_dead = max_dead
+        self.compactions = 0
+        self.most_dead = 0  # the most dead slots any row had (before a compaction)
 
     def crop(self, n: int) -> None:
-        """Drop the loop's last ``-n`` slots."""
+        """Drop the loop's last ``-n`` slots (the chain loop's: slots live in any row)."""
         if n >= 0:
             raise ValueError(f"crop takes a negative count, got {n}")
-        live = np.flatnonzero(self.live)
-        self.live[live[n:]] = False
+        live = np.flatnonzero(self.live.any(0))
+        self.live[:, live[n:]] = False
+        self._note_dead()
+
+    def mark(self) -> int:
+        """Where the next appended slot goes (physical: dead slots included)."""
+        return int(self.live.shape[1])
+
+    def keep(self, mark: int, slots: Any) -> None:
+        """Per row, keep the slots ``mark + slots[row]`` (``-1`` entries ignored) among those
+        appended since ``mark``; the rest become that row's dead slots. Kept entries stay where
+        they are: attention is blind to slot order (positions are baked into the keys)."""
+        idx = np.asarray(slots.cpu() if isinstance(slots, torch.Tensor) else slots, np.int64)
+        b = self.live.shape[0]
+        idx = np.broadcast_to(idx.reshape(1, -1) if idx.ndim == 1 else idx, (b, idx.shape[-1]))
+        if mark < 0 or mark > self.mark() or (idx >= self.mark() - mark).any():
+            raise ValueError(f"slots must lie among the {self.mark() - mark} slots appended "
+                             f"since mark {mark}")
+        tail = np.zeros((b, self.mark() - mark), dtype=bool)
+        rows, cols = np.nonzero(idx >= 0)
+        tail[rows, idx[rows, cols]] = True
+        self.live[:, mark:] = tail
+        self._note_dead()
+        if self.removable > self.bound:
+            self.compact()
 
     @property
     def dead_slots(self) -> int:
-        return int((~self.live).sum())
+        """The most dead slots of any row (what its attention reads and ignores)."""
+        if self.live.size == 0:
+            return 0
+        return int((~self.live).sum(1).max())
+
+    @property
+    def removable(self) -> int:
+        """Slots a compaction would remove: physical slots beyond the longest row's live."""
+        return self.mark() - (int(self.live.sum(1).max()) if self.live.size else 0)
+
+    @property
+    def bound(self) -> int:
+        if self.max_dead is not None:
+            return self.max_dead
+        return max(DEAD_SLOTS_FLOOR, math.isqrt(DEAD_SLOTS_SCALE * (self.mark() - self.removable)))
+
+    def _note_dead(self) -> None:
+        self.most_dead = max(self.most_dead, self.dead_slots)
+
+    def compact(self) -> None:
+        """Rewrite every layer's state with each row's live slots first, in their order; a
+        shorter row is padded with dead slots at its end."""
+        counts = self.live.sum(1)
+        width = int(counts.max()) if counts.size else 0
+        # Stable sort puts each row's live slots first, in physical order.
+        order = np.argsort(~self.live, axis=1, kind="stable")[:, :width]
+        for state in self.request.query_state():
+            data = state.state.data  # [B, heads, phys, head_dim]
+            state.state = type(state.state)(np.ascontiguousarray(
+                np.take_along_axis(data, order[:, None, :, None], axis=2)))
+        self.live = np.arange(width)[None, :] < counts[:, None]
+        self.compactions += 1
 
 
 class OpenVINOCausalLM:
@@ -254,7 +329,7 @@ class OpenVINOCausalLM:
     """
 
     def __init__(self, xml: Path | str, threads: int = 1, device: str = "CPU",
-                 exact_kv: bool = True) -> None:
+                 exact_kv: bool = True, max_dead_slots: int | None = None) -> None:
         import openvino as ov
 
         config: dict[str, Any] = {
@@ -270,34 +345,68 @@ class OpenVINOCausalLM:
         self.xml = Path(xml)
         self.compiled = ov.Core().compile_model(str(xml), device, config)
         self.vocab_size = int(self.compiled.output("logits").get_partial_shape()[2].get_length())
+        self.max_dead_slots = max_dead_slots  # each new cache's bound (SlotCache.max_dead)
 
     def new_cache(self) -> SlotCache:
-        return SlotCache(self.compiled.create_infer_request())
+        return SlotCache(self.compiled.create_infer_request(), self.max_dead_slots)
 
-    def _run(self, ids: torch.Tensor, cache: SlotCache, pos: torch.Tensor,
-             mask: torch.Tensor | None, logit_index: np.ndarray) -> np.ndarray:
+    def _infer(self, ids: torch.Tensor, cache: SlotCache, pos: torch.Tensor,
+               seen: np.ndarray, logit_index: np.ndarray) -> np.ndarray:
+        """One forward with ``seen [B, S, phys + S]`` (which slots each new token attends to;
+        every token is made to see itself); appends ``S`` live slots per row."""
         b, s = ids.shape
-        phys = cache.live.shape[0]
-        seen = np.zeros((b, phys + s), dtype=bool)
-        if mask is None:
-            seen[:, :phys] = cache.live
-            seen[:, phys:] = True
-        else:
-            m = mask.cpu().numpy().astype(bool)
-            seen[:, np.flatnonzero(cache.live)] = m[:, : m.shape[1] - s]
-            seen[:, phys:] = m[:, m.shape[1] - s:]
-        causal = np.tri(s, phys + s, phys, dtype=bool)  # query i sees slots < phys + i + 1
-        full = seen[:, None, :] & causal[None]
-        full[:, np.arange(s), phys + np.arange(s)] = True
+        if cache.live.shape[0] != b:
+            if cache.live.shape[1]:
+                raise ValueError(f"ids: batch {b} on a cache holding batch {cache.live.shape[0]}")
+            cache.live = np.zeros((b, 0), dtype=bool)
+        phys = cache.live.shape[1]
+        seen[:, np.arange(s), phys + np.arange(s)] = True
         result = cache.request.infer({
             "input_ids": ids.cpu().numpy().astype(np.int64),
             "position_ids": pos.cpu().numpy().astype(np.int64),
-            "attention_mask": full[:, None],
+            "attention_mask": seen[:, None],
             "logit_index": logit_index,
             "beam_idx": np.arange(b, dtype=np.int32),
         }, share_inputs=True)
-        cache.live = np.concatenate([cache.live, np.ones(s, dtype=bool)])
+        cache.live = np.concatenate([cache.live, np.ones((b, s), dtype=bool)], 1)
         return result["logits"]
+
+    def _run(self, ids: torch.Tensor, cache: SlotCache, pos: torch.Tensor,
+             mask: torch.Tensor | None, logit_index: np.ndarray) -> np.ndarray:
+        """The chain loop's forward: ``mask`` (2-D over the loop's slots, i.e. those live in
+        any row, plus the new tokens) or None, causal among the new tokens."""
+        b, s = ids.shape
+        live = cache.live if cache.live.shape[0] == b else np.zeros((b, 0), dtype=bool)
+        phys = live.shape[1]
+        seen = np.zeros((b, phys + s), dtype=bool)
+        seen[:, :phys] = live
+        seen[:, phys:] = True
+        if mask is not None:
+            m = mask.cpu().numpy().astype(bool)
+            seen[:, np.flatnonzero(live.any(0))] &= m[:, : m.shape[1] - s]
+            seen[:, phys:] = m[:, m.shape[1] - s:]
+        causal = np.tri(s, phys + s, phys, dtype=bool)  # query i sees slots < phys + i + 1
+        return self._infer(ids, cache, pos, seen[:, None, :] & causal[None], logit_index)
+
+    def tree_logits(self, ids: torch.Tensor, cache: SlotCache, pos: torch.Tensor, mark: int,
+                    visible: torch.Tensor, last_only: bool = False) -> torch.Tensor:
+        """The tree step protocol's forward (``tree_loop.tree_forward``): each new token sees
+        its row's live slots before ``mark`` and the slots since ``mark`` that ``visible
+        [B, S, T + S]`` allows (and that are still live)."""
+        b, s = ids.shape
+        live = cache.live if cache.live.shape[0] == b else np.zeros((b, 0), dtype=bool)
+        phys = live.shape[1]
+        vis = visible.cpu().numpy().astype(bool)
+        if vis.shape != (b, s, phys - mark + s):
+            raise ValueError(f"visible must be [B, S, T + S] = {(b, s, phys - mark + s)} "
+                             f"(T: slots since mark {mark}), got {vis.shape}")
+        seen = np.empty((b, s, phys + s), dtype=bool)
+        seen[:, :, :mark] = live[:, None, :mark]
+        seen[:, :, mark:phys] = vis[:, :, : phys - mark] & live[:, None, mark:]
+        seen[:, :, phys:] = vis[:, :, phys - mark:]
+        index = np.array([s - 1] if last_only else range(s), dtype=np.int64)
+        out = torch.from_numpy(np.array(self._infer(ids, cache, pos, seen, index)))  # owned
+        return out[:, -1] if last_only else out
 
     def prefill(self, ids: torch.Tensor, cache: SlotCache, pos: torch.Tensor,
                 mask: torch.Tensor | None) -> None:

@@ -1,4 +1,5 @@
-"""Tree speculative decoding over transformers models (batch 1), verified by ``pv.verify_tree``.
+"""Tree speculative decoding, verified by ``pv.verify_tree``: transformers models at batch 1,
+the OpenVINO runtime at any batch.
 
 Why a second loop: a chain spends every scored position on one guess per depth; a tree spends
 some of them on second guesses where the draft is unsure. The drafter (``draft_tree``) drafts
@@ -9,7 +10,7 @@ the ``nodes`` candidates of highest estimated value (the probability that the ve
 and accepts them). With ``depth == nodes`` the chain of ``k = nodes`` is one of the candidate
 sets, so the tree only gives up a spine node where a sibling is judged worth more (why
 EAGLE-2's beam over the raw draft probabilities lost here: docs/decisions.md, "Trees end to
-end").
+end"). Other drafters plug in through ``tree_generate(drafter=...)``.
 
 One step:
 
@@ -20,11 +21,14 @@ One step:
 3. ``pv.verify_tree`` picks the path (greedy: deterministic children; ``T > 0``: children
    drawn without replacement or iid, with the draft rows; the token-level rule or traversal
    verification); the step's single host sync reads it;
-4. both caches keep the accepted nodes' KV entries by a gather (they are scattered over the
-   tree, not a suffix) and drop the rest.
+4. both caches keep the accepted nodes' KV entries (they are scattered over the tree, not a
+   suffix) and drop the rest: a transformers cache by a gather, the OpenVINO runtime's by
+   marking the rest dead per row (``SlotCache.keep``; compacted past a bound).
 
-Batch 1 only: a batch would need per-row trees with holes, which the chain loop has and this
-experiment does not need (its figure is accepted drafts per target forward).
+Batch > 1 (OpenVINO): rows accept different numbers of nodes, so each row's rejected nodes
+become its own dead slots; positions come from each row's count of emitted tokens; the draft's
+pending tokens (1 or 2 per row) are fed right-aligned with padding entries hidden and dropped.
+Rows that stopped keep stepping (their tokens are ignored), as in the chain loop.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from typing import Any
 import torch
 
 from portable_verify import tree_attention_mask, verify_tree
-from portable_verify.core import arguments, rng
+from portable_verify.core import rng
 from portable_verify.integrations import hf
 
 TREE_METHODS: tuple[str, ...] = ("greedy", "rejection", "traversal")
@@ -126,7 +130,10 @@ class Drafting:
         return self.temperature == 0
 
     def uniforms(self, offset: int, cols: int) -> torch.Tensor:
-        return rng.uniforms_torch(self.seeds, torch.tensor([self.step + offset]), cols)[0]
+        """``[B, cols]``: each row's own stream (its seed, this step, ``offset``), so a row
+        draws the same numbers alone or in a batch."""
+        offsets = torch.full(self.seeds.shape, self.step + offset, dtype=torch.int64)
+        return rng.uniforms_torch(self.seeds, offsets, cols)
 
 
 def cache_mark(cache: Any) -> int:
@@ -189,53 +196,58 @@ def keep_slots(cache: Any, mark: int, slots: torch.Tensor) -> None:
             setattr(layer, name, t[..., : mark + n, :])
 
 
-def _spine(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor, root_pos: int,
-           depth: int, how: Drafting) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chain's drafts ``[D]`` and the draft rows they were drawn from ``[D, V]`` (logits
-    when greedy, probabilities at ``T``): the same tokens the chain loop drafts from here."""
-    logits = root_logits[0].float()
+def _spine(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor,
+           root_pos: torch.Tensor, depth: int, how: Drafting) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chain's drafts ``[B, D]`` and the draft rows they were drawn from ``[B, D, V]``
+    (logits when greedy, probabilities at ``T``): the same tokens the chain loop drafts from
+    here. ``root_pos [B]``: each row's root position."""
+    logits = root_logits.float()
     u = None if how.greedy else how.uniforms(hf.DRAFT_OFFSET, depth + 1)
     tokens, rows = [], []
     for j in range(depth):
         if how.greedy:
-            row, x = logits, torch.argmax(logits)
+            row, x = logits, torch.argmax(logits, -1)
         else:
             row = torch.softmax(logits / how.temperature, -1)
-            x = hf._draw(row[None], u[j: j + 1])[0]
+            x = hf._draw(row, u[:, j])
         tokens.append(x)
         rows.append(row)
         if j < depth - 1:
-            logits = draft.logits(x.reshape(1, 1), cache, torch.tensor([[root_pos + 1 + j]]),
-                                  None, True)[0].float()
-    return torch.stack(tokens), torch.stack(rows)
+            logits = draft.logits(x[:, None], cache, (root_pos + 1 + j)[:, None], None,
+                                  True).float()
+    return torch.stack(tokens, 1), torch.stack(rows, 1)
 
 
 def _siblings(spine: torch.Tensor, rows: torch.Tensor, width: int,
               how: Drafting) -> torch.Tensor:
-    """``[D, width - 1]`` further children per spine position, in sibling order: the next-best
-    tokens (greedy), sequential draws without replacement from the row with the spine token
-    removed, or iid draws from the whole row (one inverse-CDF uniform per draw, as the
+    """``[B, D, width - 1]`` further children per spine position, in sibling order: the
+    next-best tokens (greedy), sequential draws without replacement from the row with the spine
+    token removed, or iid draws from the whole row (one inverse-CDF uniform per draw, as the
     spine's)."""
+    b, d, v = rows.shape
+    flat, spine = rows.reshape(b * d, v), spine.reshape(b * d)
     if how.greedy:
-        keys = rows.clone()
+        keys = flat.clone()
         keys.scatter_(1, spine[:, None], -float("inf"))
-        return torch.topk(keys, width - 1, dim=-1).indices
-    u = how.uniforms(SIBLING_OFFSET, rows.shape[0] * (width - 1)).reshape(-1, width - 1)
+        return torch.topk(keys, width - 1, dim=-1).indices.reshape(b, d, width - 1)
+    u = how.uniforms(SIBLING_OFFSET, d * (width - 1)).reshape(b * d, width - 1)
     if how.children == "iid":  # the spine's own law, each draw independent of the others
-        return torch.stack([hf._draw(rows, u[:, r]) for r in range(width - 1)], 1)
-    left = rows.clone()
-    left.scatter_(1, spine[:, None], 0.0)
-    picks = []
-    for r in range(width - 1):  # sibling ranks (a few), vectorised over the spine positions
-        x = hf._draw(left, u[:, r])
-        picks.append(x)
-        left.scatter_(1, x[:, None], 0.0)
-    return torch.stack(picks, 1)
+        picks = [hf._draw(flat, u[:, r]) for r in range(width - 1)]
+    else:
+        left = flat.clone()
+        left.scatter_(1, spine[:, None], 0.0)
+        picks = []
+        for r in range(width - 1):  # sibling ranks (a few), vectorised over rows and positions
+            x = hf._draw(left, u[:, r])
+            picks.append(x)
+            left.scatter_(1, x[:, None], 0.0)
+    return torch.stack(picks, 1).reshape(b, d, width - 1)
 
 
 def _values(spine: torch.Tensor, rows: torch.Tensor, siblings: torch.Tensor,
             how: Drafting) -> torch.Tensor:
-    """Estimated P(reached and accepted) per candidate, ``[D, width]`` (column 0 the spine).
+    """Estimated P(reached and accepted) per candidate, ``[B, D, width]`` (column 0 the
+    spine).
 
     Greedy: ``softmax(logits / rank_temperature)`` as P(target argmax = token). ``T > 0``: only
     the rows, never a candidate's own token, so that which nodes are kept does not depend on
@@ -243,49 +255,60 @@ def _values(spine: torch.Tensor, rows: torch.Tensor, siblings: torch.Tensor,
     accepted with ``1 - s * (1 - max q)``, each sibling after a rejection with ``b``; a sibling
     is capped at its spine brother's value, so it is never kept without him.
     """
-    cands = torch.cat([spine[:, None], siblings], 1)
+    cands = torch.cat([spine[..., None], siblings], -1)
+    ones = torch.ones(spine.shape[0], 1)
     if how.greedy:
-        c = torch.softmax(rows / how.rank_temperature, -1).gather(1, cands)
-        reach = torch.cat([torch.ones(1), torch.cumprod(c[:, 0], 0)[:-1]])
-        return reach[:, None] * c
+        c = torch.softmax(rows / how.rank_temperature, -1).gather(2, cands)
+        reach = torch.cat([ones, torch.cumprod(c[..., 0], 1)[:, :-1]], 1)
+        return reach[..., None] * c
     accept = (1 - SAMPLED_REJECT_SCALE * (1 - rows.max(-1).values)).clamp(0, 1)
-    reach = torch.cat([torch.ones(1), torch.cumprod(accept, 0)[:-1]])
-    rank = torch.arange(1, cands.shape[1])
-    sib = (reach * (1 - accept))[:, None] * SAMPLED_SIBLING_ACCEPT ** rank
+    reach = torch.cat([ones, torch.cumprod(accept, 1)[:, :-1]], 1)
+    rank = torch.arange(1, cands.shape[-1])
+    sib = (reach * (1 - accept))[..., None] * SAMPLED_SIBLING_ACCEPT ** rank
     spine_v = reach * accept
-    return torch.cat([spine_v[:, None], torch.minimum(sib, spine_v[:, None])], 1)
+    return torch.cat([spine_v[..., None], torch.minimum(sib, spine_v[..., None])], -1)
 
 
-def draft_tree(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor, root: torch.Tensor,
-               root_pos: int, shape: TreeShape, how: Drafting) -> DraftTree:
-    """Draft the spine and its siblings, keep the ``shape.nodes`` most valuable (module doc).
+def draft_tree(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor, roots: Any,
+               root_pos: Any, shape: TreeShape, how: Drafting) -> DraftTree:
+    """Draft the spine and its siblings, keep the ``shape.nodes`` most valuable (module doc),
+    for every row at once.
 
-    ``root_logits [1, V]``: the draft's logits after the root; ``cache`` holds everything up to
-    and including the root and receives the spine's first ``depth - 1`` tokens.
+    ``root_logits [B, V]``: the draft's logits after each row's root (``roots [B]`` at
+    ``root_pos [B]``; scalars for one row); ``cache`` holds everything up to and including the
+    roots and receives the spine's first ``depth - 1`` tokens.
     """
     d, w = shape.depth, shape.width
+    roots = torch.as_tensor(roots).reshape(-1)
+    root_pos = torch.as_tensor(root_pos).reshape(-1).expand(roots.shape[0])
     spine, rows = _spine(draft, cache, root_logits, root_pos, d, how)
-    siblings = _siblings(spine, rows, w, how) if w > 1 else spine.new_zeros(d, 0)
-    values = _values(spine, rows, siblings, how).reshape(-1)
+    b = spine.shape[0]
+    siblings = _siblings(spine, rows, w, how) if w > 1 else spine.new_zeros(b, d, 0)
+    values = _values(spine, rows, siblings, how).reshape(b, -1)
     # Candidates level by level, the spine child first: a parent precedes its children and
     # outranks them or ties (ties go to the earlier candidate), so the kept set is closed
     # under ancestors and, sorted by candidate index, lists parents before children.
-    kept = torch.sort(torch.sort(-values, stable=True).indices[: shape.nodes]).values
+    order = torch.sort(-values, dim=1, stable=True).indices[:, : shape.nodes]
+    kept = torch.sort(order, dim=1).values
     level, rank = kept // w, kept % w
-    tree_index = torch.full((d * w,), -1, dtype=torch.int64)
-    tree_index[kept] = torch.arange(1, kept.numel() + 1)
-    spine_parent = torch.where(level > 0, tree_index[((level - 1) * w).clamp(min=0)], 0)
-    tokens = torch.cat([spine[:, None], siblings], 1).reshape(-1)[kept]
+    tree_index = torch.full((b, d * w), -1, dtype=torch.int64)
+    tree_index.scatter_(1, kept, torch.arange(1, kept.shape[1] + 1).expand(b, -1).contiguous())
+    spine_parent = torch.where(level > 0, tree_index.gather(1, ((level - 1) * w).clamp(min=0)),
+                               0)
+    tokens = torch.cat([spine[..., None], siblings], -1).reshape(b, -1).gather(1, kept)
     slots = torch.where((rank == 0) & (level < d - 1), level, -1)
-    minus_one = torch.tensor([-1])
-    # Row i: the law node i's children were drawn from (the root's: level 0; a spine node's:
-    # the next level's; a sibling is a leaf, its row is never read).
-    probs = None if how.greedy else torch.cat([rows[:1], rows[(level + 1).clamp(max=d - 1)]])[None]
+    minus_one = torch.full((b, 1), -1, dtype=torch.int64)
+    probs = None
+    if not how.greedy:  # row i: the law node i's children were drawn from (the root's: level
+        # 0; a spine node's: the next level's; a sibling is a leaf, its row is never read)
+        nxt = (level + 1).clamp(max=d - 1)
+        probs = torch.cat([rows[:, :1], rows.gather(
+            1, nxt[..., None].expand(-1, -1, rows.shape[-1]))], 1)
     return DraftTree(
-        tokens=torch.cat([root.reshape(1), tokens])[None],
-        parents=torch.cat([minus_one, spine_parent])[None],
-        depths=torch.cat([torch.zeros(1, dtype=torch.int64), level + 1])[None],
-        draft_slots=torch.cat([minus_one, slots])[None],
+        tokens=torch.cat([roots[:, None].to(torch.int64), tokens], 1),
+        parents=torch.cat([minus_one, spine_parent], 1),
+        depths=torch.cat([torch.zeros(b, 1, dtype=torch.int64), level + 1], 1),
+        draft_slots=torch.cat([minus_one, slots], 1),
         draft_probs=probs,
     )
 
@@ -293,16 +316,37 @@ def draft_tree(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor, root:
 @dataclass
 class TreeLoopMetrics(hf.LoopMetrics):
     """:class:`hf.LoopMetrics` plus how often the accepted nodes were not the tree's first
-    ``a`` nodes, i.e. the steps where keeping a cache suffix would have been wrong."""
+    ``a`` nodes (the steps where keeping a cache suffix would have been wrong) and, for caches
+    with dead slots (the OpenVINO runtime), the target cache's dead slots at the end and at
+    most (the most of any row) and how many compactions both caches made."""
 
     scattered_steps: int = 0
+    dead_slots: int = 0
+    max_dead_slots: int = 0
+    compactions: int = 0
 
     def merge(self, other: hf.LoopMetrics) -> None:
         super().merge(other)
         self.scattered_steps += getattr(other, "scattered_steps", 0)
+        self.dead_slots = max(self.dead_slots, getattr(other, "dead_slots", 0))
+        self.max_dead_slots = max(self.max_dead_slots, getattr(other, "max_dead_slots", 0))
+        self.compactions += getattr(other, "compactions", 0)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**super().as_dict(), "scattered_steps": self.scattered_steps}
+        return {**super().as_dict(), "scattered_steps": self.scattered_steps,
+                "dead_slots": self.dead_slots, "max_dead_slots": self.max_dead_slots,
+                "compactions": self.compactions}
+
+    def note_caches(self, t_cache: Any, d_cache: Any) -> None:
+        """Read the caches' dead-slot counters (zero for caches without dead slots)."""
+        self.dead_slots = int(getattr(t_cache, "dead_slots", 0))
+        self.max_dead_slots = int(getattr(t_cache, "most_dead", 0))
+        self.compactions = sum(int(getattr(c, "compactions", 0)) for c in (t_cache, d_cache))
+
+
+Drafter = Callable[..., DraftTree]
+"""``drafter(draft, d_cache, root_logits [B, V], roots [B], root_pos [B], shape, how)``: one
+step's :class:`DraftTree` for every row (``draft_tree`` by default)."""
 
 
 def _check_arguments(input_ids: Any, max_new_tokens: Any, method: str, temperature: float,
@@ -312,16 +356,96 @@ def _check_arguments(input_ids: Any, max_new_tokens: Any, method: str, temperatu
         raise ValueError(f"method must be one of {TREE_METHODS}, got {method!r}")
     if children not in TREE_CHILDREN:
         raise ValueError(f"children must be one of {TREE_CHILDREN}, got {children!r}")
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
-            or input_ids.shape[0] != 1 or input_ids.shape[1] < 1:
-        raise ValueError("input_ids must be one prompt [1, P] (the tree loop runs batch 1), got "
-                         f"{getattr(input_ids, 'shape', type(input_ids).__name__)}")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
             or max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
     if method != "greedy" and not temperature >= 0:
         raise ValueError(f"temperature must be >= 0 for method={method!r} (0: greedy rows), "
                          f"got {temperature}")
+
+
+def _check_batch(b: int, target: Any, draft: Any) -> None:
+    """Batches need per-row dead slots, which only models with ``tree_logits`` have."""
+    if b > 1 and not all(hasattr(m, "tree_logits") for m in (target, draft)):
+        raise ValueError(f"input_ids: the tree loop runs transformers models at batch 1, got "
+                         f"batch {b} (the OpenVINO runtime runs any batch)")
+
+
+def _prefill(model: hf.StepModel, cache: Any, ids: torch.Tensor, pos: torch.Tensor,
+             mask: torch.Tensor, holes: bool) -> None:
+    """Encode the prompts but their last tokens; a row's padding slots are then dropped
+    (tree forwards see every slot of a row's history)."""
+    model.prefill(ids, cache, pos, mask if holes else None)
+    if holes:
+        count = mask.sum(1, keepdim=True)
+        real = torch.sort((mask == 0).long(), dim=1, stable=True).indices  # real slots first
+        keep_slots(cache, 0, torch.where(torch.arange(ids.shape[1]) < count, real, -1))
+
+
+def _feed_pending(draft: hf.StepModel, cache: Any, pending: torch.Tensor,
+                  valid: torch.Tensor | None, pos: torch.Tensor) -> torch.Tensor:
+    """The draft's logits after each row's pending tokens (right-aligned in ``pending``;
+    ``valid`` None when every entry is real, else the padding entries are fed, hidden and
+    dropped)."""
+    if valid is None:
+        return draft.logits(pending, cache, pos, None, True)
+    mark = cache_mark(cache)
+    s = pending.shape[1]
+    causal = torch.tril(torch.ones(s, s, dtype=torch.bool))
+    visible = causal[None] & valid[:, None, :] | torch.eye(s, dtype=torch.bool)[None]
+    logits = tree_forward(draft, cache, mark, pending, pos, visible, last_only=True)
+    cols = torch.arange(s).expand_as(valid)
+    keep_slots(cache, mark, _left_pack(torch.where(valid, cols, -1)))
+    return logits
+
+
+def _left_pack(slots: torch.Tensor) -> torch.Tensor:
+    """Each row's non-negative entries first, in order, ``-1`` after them."""
+    order = torch.sort((slots < 0).long(), dim=1, stable=True).indices
+    return slots.gather(1, order)
+def _step_keeps(result: Any, tree: DraftTree, depth: int) -> tuple[torch.Tensor, ...]:
+    """From one step's verdict, without a host sync: the target's kept tree slots ``[B, D+1]``
+    (the root and the accepted nodes), the draft's ``[B, D]`` (the accepted nodes it was fed:
+    a prefix of the path, since a node with children was fed), how many those are ``[B]``, and
+    whether the accepted nodes were not the tree's first ``a`` ``[B]``."""
+    a = result.num_accepted
+    cols = torch.arange(depth)
+    on_path = cols < a[:, None]
+    nodes = torch.where(on_path, result.node_ids[:, :depth], 0)
+    root = torch.zeros_like(a)[:, None]
+    t_keep = torch.where(torch.cat([root >= 0, on_path], 1), torch.cat([root, nodes], 1), -1)
+    fed = torch.where(on_path, tree.draft_slots.gather(1, nodes), -1)
+    scattered = (on_path & (nodes != cols + 1)).any(1)
+    return t_keep, fed, (fed >= 0).sum(1), scattered
+
+
+def _next_pending(tokens: torch.Tensor, a: torch.Tensor, n_fed: torch.Tensor, width: int,
+                  padded: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Each row's emitted tokens the draft has not seen (``tokens[n_fed : a + 1]``: the
+    bonus, and an accepted leaf never fed), right-aligned in ``width`` columns; the validity
+    mask, or None when no row needs padding (``padded``, known on the host)."""
+    j = torch.arange(width)
+    count = (a + 1 - n_fed)[:, None]
+    index = (a[:, None] + 1 - width + j).clamp(min=0)
+    valid = j >= width - count
+    pending = torch.where(valid, tokens.gather(1, index), 0)
+    return pending, valid if padded else None
+
+
+def _book(rows: hf._Rows, metrics: TreeLoopMetrics, host: list[list[int]],
+          active: list[bool], depth: int) -> None:
+    """Host bookkeeping of B small lists (``host`` row: ``D + 1`` tokens, then ``a`` and the
+    scattered flag); tensors stay batched."""
+    for i, row in enumerate(host):
+        if not active[i]:
+            continue
+        a = row[depth + 1]
+        rows.add(i, row[: a + 1])
+        metrics.row_steps += 1
+        metrics.accepted_tokens += a
+        for j in range(a):
+            metrics.accepted_per_position[j] += 1
+        metrics.scattered_steps += row[depth + 2]
 
 
 @torch.inference_mode()
@@ -334,96 +458,97 @@ def tree_generate(
     shape: TreeShape,
     method: str = "greedy",
     temperature: float = 1.0,
-    seed: int = 0,
+    seed: int | Sequence[int] | torch.Tensor | None = 0,
+    attention_mask: torch.Tensor | None = None,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int | None = None,
     rank_temperature: float | None = None,
     children: str = "without_replacement",
+    drafter: Drafter | None = None,
     verifier: Callable[..., Any] = verify_tree,
     clock: Callable[[], float] = time.perf_counter,
-    drafter: Callable[..., DraftTree] | None = None,
 ) -> hf.GenerateResult:
-    """Generate up to ``max_new_tokens`` tokens for one prompt ``input_ids [1, P]`` with a
-    draft tree of ``shape`` per step. ``method="greedy"`` in float32 reproduces target-only
-    greedy decoding token for token (tested); ``"rejection"`` (the token-level rule) and
+    """Generate up to ``max_new_tokens`` tokens per row of ``input_ids [B, P]`` (left-padded
+    when ragged, with ``attention_mask`` as :func:`hf.speculative_generate` takes) with a draft
+    tree of ``shape`` per step. ``method="greedy"`` in float32 reproduces target-only greedy
+    decoding token for token (tested); ``"rejection"`` (the token-level rule) and
     ``"traversal"`` sample the target at ``temperature`` exactly (siblings drawn ``children``:
     without replacement or iid, kept by their rows only); at ``temperature == 0`` they decode
-    greedily. ``rank_temperature``: greedy ranking's (default
-    :data:`GREEDY_RANK_TEMPERATURE`). ``verifier``: called as ``verify_tree`` (a
+    greedily. ``seed``: int or ``[B]`` per request (a row's tokens do not depend on the other
+    rows). Batch > 1 needs models with ``tree_logits`` (the OpenVINO runtime); transformers
+    modules run batch 1. ``rank_temperature``: greedy ranking's (default
+    :data:`GREEDY_RANK_TEMPERATURE`). ``drafter``: see :data:`Drafter` (default
+    :func:`draft_tree`). ``verifier``: called as ``verify_tree`` (a
     :class:`~portable_verify.e2e.paired.ShadowVerifier` judges each step by a second rule).
-    ``drafter``: called as :func:`draft_tree` (the default; others in
-    ``e2e/tree_drafters.py``)."""
+    ``children="deterministic"``: argmax trees at ``T > 0`` (greedy drafting, point-mass
+    children verified at ``temperature``)."""
     _check_arguments(input_ids, max_new_tokens, method, temperature, children)
-    greedy = method == "greedy" or temperature == 0
-    ids = input_ids.long()
-    p = ids.shape[1]
-    eos = hf._eos_ids(eos_token_id)
-    rows = hf._Rows(1, max_new_tokens, eos)
+    ids, mask = hf._check_prompt(input_ids, attention_mask)
+    b, p = ids.shape
     target, draft = hf.as_step_model(target_model), hf.as_step_model(draft_model)
-    t_cache, d_cache = target.new_cache(), draft.new_cache()
-    metrics = TreeLoopMetrics(k=shape.depth, accepted_per_position=[0] * shape.depth)
-    seeds = arguments.request_seeds(seed, 1, ids.device)
-    verify_temp = 0.0 if greedy else float(temperature)
+    _check_batch(b, target, draft)
     rank_t = GREEDY_RANK_TEMPERATURE if rank_temperature is None else rank_temperature
     if not rank_t > 0:
         raise ValueError(f"rank_temperature must be > 0, got {rank_temperature}")
+    drafter = draft_tree if drafter is None else drafter
+    greedy = method == "greedy" or temperature == 0
+    verify_temp = 0.0 if greedy else float(temperature)
+    seeds = hf._row_seeds(seed, b, ids.device)
+    eos = hf._eos_ids(eos_token_id)
+    rows = hf._Rows(b, max_new_tokens, eos)
+    t_cache, d_cache = target.new_cache(), draft.new_cache()
+    metrics = TreeLoopMetrics(k=shape.depth, accepted_per_position=[0] * shape.depth)
+    d = shape.depth
 
     start = clock()
+    positions = (mask.cumsum(1) - 1).clamp_(min=0)
+    holes = bool((mask == 0).any())  # one sync before the loop
     if p > 1:
-        positions = torch.arange(p - 1)[None]
-        target.prefill(ids[:, :-1], t_cache, positions, None)
-        draft.prefill(ids[:, :-1], d_cache, positions, None)
-    pending, root_pos = ids[:, -1:], p - 1
+        for model, cache in ((target, t_cache), (draft, d_cache)):
+            _prefill(model, cache, ids[:, :-1], positions[:, :-1], mask[:, :-1], holes)
+    pending, valid, root_pos = ids[:, -1:], None, positions[:, -1]
     metrics.prefill_time_s = clock() - start
 
     step = 0
-    while not rows.done[0]:
+    while not all(rows.done):
         t0 = clock()
-        n_pend = pending.shape[1]
-        pend_pos = torch.arange(root_pos - n_pend + 1, root_pos + 1)[None]
-        root_logits = draft.logits(pending, d_cache, pend_pos, None, True)
+        active = [not done for done in rows.done]
+        pend_pos = (root_pos[:, None] - torch.arange(pending.shape[1] - 1, -1, -1)).clamp(min=0)
+        root_logits = _feed_pending(draft, d_cache, pending, valid, pend_pos)
         d_base = cache_mark(d_cache)
         how = Drafting(0.0 if children == "deterministic" else verify_temp, seeds, step, rank_t,
                        children)  # argmax trees at T > 0 are the greedy drafts
-        tree = (drafter or draft_tree)(draft, d_cache, root_logits, pending[0, -1], root_pos,
-                                       shape, how)
+        tree = drafter(draft, d_cache, root_logits, pending[:, -1], root_pos, shape, how)
         td = clock()
         metrics.draft_time_s += td - t0
         t_base = cache_mark(t_cache)
-        logits = tree_forward(target, t_cache, t_base, tree.tokens, root_pos + tree.depths,
-                              tree_attention_mask(tree.parents))
+        logits = tree_forward(target, t_cache, t_base, tree.tokens, root_pos[:, None] +
+                              tree.depths, tree_attention_mask(tree.parents))
         tv = clock()
         metrics.target_time_s += tv - td
+        deepest = min(d, tree.tokens.shape[1] - 1)  # a drafter may return fewer nodes
         result = verifier(tree.tokens, tree.parents, target_logits=logits,
                           draft_probs=tree.draft_probs,
                           children="deterministic" if greedy else children,
                           method=method, temperature=verify_temp, seed=seeds,
-                          seed_offset=step, max_depth=shape.depth, validate=False)
+                          seed_offset=step, max_depth=deepest, validate=False)
         metrics.verify_time_s += clock() - tv
-        host = torch.cat([result.token_ids[0], result.node_ids[0], result.num_accepted,
-                          tree.draft_slots[0]]).tolist()  # the step's one sync
-        w = shape.depth + 1
-        a = host[2 * w]
-        nodes = host[w: w + a]
-        slots = [host[2 * w + 1 + n] for n in nodes]
-        rows.add(0, host[: a + 1])
-        metrics.row_steps += 1
-        metrics.accepted_tokens += a
-        for j in range(a):
-            metrics.accepted_per_position[j] += 1
-        metrics.scattered_steps += int(nodes != list(range(1, a + 1)))
-        # The target keeps the root and the accepted nodes; the draft the accepted nodes it
-        # was fed (a prefix of the path: a fed node's ancestors were all fed).
-        keep_slots(t_cache, t_base, torch.tensor([0, *nodes], dtype=torch.int64))
-        fed = [s for s in slots if s >= 0]
-        keep_slots(d_cache, d_base, torch.tensor(fed, dtype=torch.int64))
-        tokens = host[: a + 1]
-        pending = torch.tensor([tokens[len(fed):]], dtype=torch.int64)
-        root_pos += a + 1
+        a = result.num_accepted
+        t_keep, fed, n_fed, scattered = _step_keeps(result, tree, deepest)
+        host = torch.cat([result.token_ids, a[:, None], scattered[:, None].long(),
+                          (a - n_fed)[:, None]], 1).tolist()  # the step's one sync
+        _book(rows, metrics, host, active, deepest)
+        keep_slots(t_cache, t_base, t_keep)
+        keep_slots(d_cache, d_base, fed)
+        unseen = [row[-1] for row in host]
+        pending, valid = _next_pending(result.token_ids, a, n_fed, 1 + max(unseen),
+                                       min(unseen) != max(unseen))
+        root_pos = root_pos + a + 1
         step += 1
         metrics.steps = step
         metrics.decode_time_s += clock() - t0
 
-    metrics.new_tokens = len(rows.tokens[0])
+    metrics.new_tokens = sum(len(t) for t in rows.tokens)
+    metrics.note_caches(t_cache, d_cache)
     return hf.GenerateResult(rows.sequences(ids, hf._pad_id(pad_token_id, eos)), rows.tokens,
                              metrics)
