@@ -28,7 +28,6 @@ import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
 from portable_verify.core import rng
-from portable_verify.e2e import tree_loop
 from portable_verify.e2e.tree_loop import (
     SAMPLED_REJECT_SCALE,
     SAMPLED_SIBLING_ACCEPT,
@@ -238,101 +237,6 @@ class DynamicDrafter:
         return _assemble(cands, roots_t, shape.nodes, q0, fq)
 
 
-def _spine(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor, pos0: torch.Tensor,
-           depth: int, how: Drafting) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chain's drafts ``[B, D]`` and the rows they came from ``[B, D, V]`` (logits when
-    greedy, probabilities at ``T``), batched: ``tree_loop._spine`` per row."""
-    mark = cache_mark(cache)
-    b = root_logits.shape[0]
-    logits = root_logits.float()
-    u = None if how.greedy else _uniforms(how, hf.DRAFT_OFFSET, depth + 1)
-    tokens, rows = [], []
-    for j in range(depth):
-        row = logits if how.greedy else torch.softmax(logits / how.temperature, -1)
-        x = torch.argmax(row, -1) if how.greedy else hf._draw(row, u[:, j])
-        tokens.append(x)
-        rows.append(row)
-        if j < depth - 1:  # each spine token sees the spine before it
-            visible = torch.ones(b, 1, j + 1, dtype=torch.bool)
-            logits = tree_forward(draft, cache, mark, x[:, None], (pos0 + 1 + j)[:, None],
-                                  visible, last_only=True).float()
-    return torch.stack(tokens, 1), torch.stack(rows, 1)
-
-
-def _spine_siblings(spine: torch.Tensor, rows: torch.Tensor, width: int,
-                    how: Drafting) -> torch.Tensor:
-    """``[B, D, width - 1]``: ``tree_loop._siblings`` per row (same random columns)."""
-    if how.greedy:
-        keys = rows.clone().scatter_(-1, spine[..., None], -float("inf"))
-        return torch.topk(keys, width - 1, dim=-1).indices
-    b, d, _ = rows.shape
-    u = _uniforms(how, tree_loop.SIBLING_OFFSET, d * (width - 1)).reshape(b, d, width - 1)
-    iid = how.children == "iid"
-    base = rows if iid else rows.clone().scatter_(-1, spine[..., None], 0.0)
-    return _draw_children(base, u, iid)
-
-
-def _spine_values(cands: torch.Tensor, rows: torch.Tensor, how: Drafting) -> torch.Tensor:
-    """``[B, D, width]``: ``tree_loop._values`` per row (column 0 the spine)."""
-    ones = torch.ones(rows.shape[0], 1)
-    if how.greedy:
-        c = torch.softmax(rows / how.rank_temperature, -1).gather(-1, cands)
-        reach = torch.cat([ones, torch.cumprod(c[..., 0], 1)[:, :-1]], 1)
-        return reach[..., None] * c
-    accept = (1 - SAMPLED_REJECT_SCALE * (1 - rows.max(-1).values)).clamp(0, 1)
-    reach = torch.cat([ones, torch.cumprod(accept, 1)[:, :-1]], 1)
-    rank = torch.arange(1, cands.shape[-1])
-    sib = (reach * (1 - accept))[..., None] * SAMPLED_SIBLING_ACCEPT ** rank
-    spine_v = (reach * accept)[..., None]
-    return torch.cat([spine_v, torch.minimum(sib, spine_v)], -1)
-
-
-def _spine_tree(draft: hf.StepModel, cache: Any, root_logits: torch.Tensor,
-                roots: torch.Tensor, pos0: torch.Tensor, shape: TreeShape,
-                how: Drafting) -> DraftTree:
-    """``tree_loop.draft_tree`` for a batch (its draft forwards through ``tree_forward``)."""
-    d, w = shape.depth, shape.width
-    spine, rows = _spine(draft, cache, root_logits, pos0, d, how)
-    b = spine.shape[0]
-    sibs = _spine_siblings(spine, rows, w, how) if w > 1 else spine.new_zeros(b, d, 0)
-    cands = torch.cat([spine[..., None], sibs], -1)
-    kept = torch.sort(_top(_spine_values(cands, rows, how).reshape(b, -1), shape.nodes),
-                      dim=1).values
-    level, rank = kept // w, kept % w
-    tree_index = torch.full((b, d * w), -1, dtype=torch.int64)
-    tree_index.scatter_(1, kept, torch.arange(1, shape.nodes + 1).expand_as(kept))
-    parent = torch.where(level > 0, tree_index.gather(1, ((level - 1) * w).clamp(min=0)), 0)
-    minus_one = torch.full((b, 1), -1, dtype=torch.int64)
-    probs = None
-    if not how.greedy:
-        nxt = (level + 1).clamp(max=d - 1)[..., None].expand(-1, -1, rows.shape[-1])
-        probs = torch.cat([rows[:, :1], rows.gather(1, nxt)], 1)
-    return DraftTree(
-        tokens=torch.cat([roots[:, None], cands.reshape(b, -1).gather(1, kept)], 1),
-        parents=torch.cat([minus_one, parent], 1),
-        depths=torch.cat([torch.zeros_like(minus_one), level + 1], 1),
-        draft_slots=torch.cat([minus_one, torch.where((rank == 0) & (level < d - 1), level,
-                                                      -1)], 1),
-        draft_probs=probs,
-    )
-
-
-@dataclass(frozen=True)
-class SpineDrafter:
-    """Today's spine plus leaf siblings: the chain's own path (its drafts and random streams)
-    and ``width - 1`` siblings per position, the ``nodes`` most valuable kept. Batch 1 runs
-    :func:`tree_loop.draft_tree` itself; a batch runs the same computation per row with its
-    draft forwards through ``tree_forward`` (a model with ``tree_logits``)."""
-
-    def __call__(self, draft: hf.StepModel, cache: Any, root_logits: torch.Tensor,
-                 roots: Any, root_pos: Any, shape: TreeShape, how: Drafting) -> DraftTree:
-        b = root_logits.shape[0]
-        root, pos = _rows(roots, root_pos, b)
-        if b == 1:
-            return draft_tree(draft, cache, root_logits, root[0], int(pos[0]), shape, how)
-        return _spine_tree(draft, cache, root_logits, root, pos, shape, how)
-
-
 def ngram_trie(seq: np.ndarray, depth: int, nodes: int, width: int, max_ngram: int = 3,
                max_matches: int = 64) -> tuple[list[int], list[int]]:
     """Tokens and parents (``-1``: the root, the last token of ``seq``) of at most ``nodes``
@@ -425,13 +329,13 @@ class NgramTreeDrafter:
 Drafter = Callable[..., DraftTree]
 
 DRAFTERS: dict[str, Drafter] = {
-    "spine": SpineDrafter(),
+    "spine": draft_tree,
     "dynamic": DynamicDrafter(),
     "ngram": NgramTreeDrafter(),
 }
 """Tree drafters by name (``tree_generate(..., drafter=DRAFTERS[name])``):
 
-* ``spine``: the chain's path plus leaf siblings (tree_loop's ``draft_tree``, per row);
+* ``spine``: the chain's path plus leaf siblings (``tree_loop.draft_tree``, batched);
 * ``dynamic``: EAGLE-2's expansion, the frontier's children per depth in one draft forward;
 * ``ngram``: prompt lookup's continuations as a trie, no draft forward (an ``NgramDraft``
   draft; deterministic children, so ``children="deterministic"`` at ``T > 0``).
