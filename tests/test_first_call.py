@@ -209,3 +209,38 @@ def test_no_cache_location_answers_and_says_why_once(tmp_path: Path) -> None:
     assert err.count("numba cannot cache its kernels here") == 1, err
     reference, _ = _run(PRELUDE + "print(json.dumps(readme_call('torch:cpu')))", tmp_path)
     assert out["readme"] == reference
+
+
+def test_the_stamp_is_keyed_by_what_numbas_index_is_keyed_by(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stamp names this numba, these kernel sources and this CPU: written for one CPU, it
+    does not read as warm on another (negative control), nor after a kernel source changes."""
+    from portable_verify.backends.numba import readiness
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert readiness.stamp_folder() == str(tmp_path) and not readiness.stamp_warm()
+    (tmp_path / (readiness.STAMP_PREFIX + readiness.stamp_key())).write_text("")
+    assert readiness.stamp_warm()
+    monkeypatch.setattr(readiness, "_cpu_identity", lambda: "another CPU")
+    assert not readiness.stamp_warm()
+    monkeypatch.undo()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert readiness.stamp_warm()  # the control: only the CPU made it read cold
+    real_stat = os.stat
+    edited = tmp_path / "chain.py"  # the kernel source as an edit would leave it
+    edited.write_text("x")
+
+    def touched(path: Any, *args: Any, **kwargs: Any) -> Any:
+        return real_stat(edited if str(path).endswith("chain.py") else path, *args, **kwargs)
+
+    monkeypatch.setattr(readiness.os, "stat", touched)
+    assert not readiness.stamp_warm()
+
+
+def test_no_stamp_is_written_over_a_cold_cache(tmp_path: Path) -> None:
+    """The stamp says what numba's own index says: over an empty cache it is not written."""
+    script = ("import json\nfrom portable_verify.backends.numba import readiness\n"
+              "print(json.dumps([readiness.write_stamp(), readiness.stamp_warm()]))")
+    out, _ = _run(script, tmp_path)
+    assert out == [False, False]
+    assert not any(p.name.startswith("portable_verify.ready.") for p in tmp_path.iterdir())
