@@ -225,6 +225,10 @@ def _automatic(device_type: str, rule: str | None, layout: str,
     for ``layout``; a warning, once, names a better one that could not run."""
     names = dict.fromkeys([*AUTO_PREFERENCE.get(device_type, ()), f"torch:{device_type}",
                            *(["numpy"] if device_type == "cpu" else [])])
+    if interim and COMPILED_CPU in names and not numba_readiness.READY:
+        stand_in = _interim_before_import(list(names), rule, layout)
+        if stand_in is not None:
+            return stand_in
     capable = [n for n in names if _instantiate(n).traits.implements(layout, rule)]
     if not capable:
         raise ValueError(f"no backend implements {_what(rule, layout)} on {device_type}; "
@@ -241,6 +245,15 @@ def _automatic(device_type: str, rule: str | None, layout: str,
                            _instantiate(capable[0]).availability().reason, name)
             return backend
     return get_backend(capable[-1])  # raises, naming why
+
+
+def _interim_before_import(names: list[str], rule: str | None, layout: str) -> Backend | None:
+    """The stand-in for ``numba:cpu`` decided before the numba backend (and numba) is imported:
+    a cold first call then costs the stand-in's call and a file lookup, not numba's import."""
+    if not (numba_readiness.installed() and numba_readiness.TRAITS.implements(layout, rule)):
+        return None
+    later = names[names.index(COMPILED_CPU) + 1:]
+    return _interim([n for n in later if _instantiate(n).traits.implements(layout, rule)])
 
 
 def _interim(later: list[str]) -> Backend | None:

@@ -30,6 +30,15 @@ from portable_verify.api.padded import verify
 from portable_verify.api.ragged import verify_ragged
 from portable_verify.api.tree import verify_tree
 from portable_verify.backends.numba import readiness
+from portable_verify.backends.numba.readiness import (  # the user layers' names for them
+    ENV_INTERIM as ENV_INTERIM,
+)
+from portable_verify.backends.numba.readiness import (
+    cached_dispatchers as cached_dispatchers,
+)
+from portable_verify.backends.numba.readiness import (
+    kernel_cache as kernel_cache,
+)
 from portable_verify.core import methods as table
 from portable_verify.core.tree import CHILDREN_MODES
 
@@ -61,6 +70,7 @@ def warm_up(backend: str = "auto", methods: tuple[str, ...] | None = None,
         seconds["tree"] = _timed(lambda: _tree_calls(name, device))
     if name == dispatch.COMPILED_CPU and methods is None and trees:
         readiness.loaded()  # every kernel is loaded here: auto takes it from now on
+        readiness.write_stamp()  # a later process knows it without importing numba
     return seconds
 
 
@@ -135,6 +145,8 @@ def build_cache() -> int:
 
     One build at a time per cache folder (a lock file there): a second waits, then loads."""
     torch.set_num_threads(1)
+    if readiness.cache_state()["state"] == "uncached":
+        return readiness.UNCACHED_EXIT  # a build here could never serve a later process
     with _build_lock():
         warm_up(backend=dispatch.COMPILED_CPU)
     return 0

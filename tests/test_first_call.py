@@ -57,7 +57,8 @@ def auto_now():
 """
 
 COLD = PRELUDE + """
-first = {"readme": readme_call(), "kit": kit_calls(), "auto": auto_now()}
+first = {"readme": readme_call(), "numba_imported": "numba" in sys.modules}
+first.update(kit=kit_calls(), auto=auto_now())
 ready = readiness.wait(timeout=1200)
 after = {"readme": readme_call(), "kit": kit_calls(), "auto": auto_now()}
 compiled = {"readme": readme_call("numba:cpu"), "kit": kit_calls("numba:cpu")}
@@ -95,6 +96,7 @@ def cold(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str,
 def test_interim_answers_with_the_compiled_kernels_tokens(cold: Any) -> None:
     out, _, _ = cold
     assert out["first"]["auto"] == "torch:cpu"  # answered while the build ran
+    assert not out["first"]["numba_imported"]  # the first look read a stamp, not numba
     assert out["first"]["readme"] == out["compiled"]["readme"]
     differ = [a[:2] for a, b in zip(out["first"]["kit"], out["compiled"]["kit"], strict=True)
               if a != b]
@@ -119,23 +121,32 @@ def test_a_cold_cache_is_announced_once(cold: Any) -> None:
     assert str(cache) in line and "portable-verify warm-up" in line
 
 
-def test_a_warm_cache_is_silent_and_takes_numba_at_once(cold: Any) -> None:
+WARM = PRELUDE + """
+first = auto_now()
+imported = "numba" in sys.modules
+status = readiness.status()
+interim = readme_call()
+ready = readiness.wait(600)
+print(json.dumps({"first": first, "imported": imported, "status": status, "interim": interim,
+                  "ready": ready, "auto": auto_now(), "readme": readme_call(),
+                  "threads": threading.active_count()}))
+"""
+
+
+def test_a_warm_cache_is_silent_and_loads_in_the_background(cold: Any) -> None:
+    """The build left a stamp; a new process reads it (no numba import on the caller's path),
+    answers from torch:cpu while a thread loads the cached kernels, then takes numba:cpu."""
     _, _, cache = cold
-    script = PRELUDE + ("r = readme_call(); print(json.dumps({'auto': auto_now(), "
-                        "'status': readiness.status(), 'readme': r}))")
-    out, err = _run(script, cache)
-    assert out["auto"] == "numba:cpu" and out["status"] == "warm"
+    assert any(p.name.startswith("portable_verify.ready.") for p in cache.iterdir())
+    out, err = _run(WARM, cache)
+    assert out["first"] == "torch:cpu" and not out["imported"] and out["status"] == "loading"
+    assert out["ready"] and out["auto"] == "numba:cpu" and out["threads"] == 1
     assert "portable_verify:" not in err, err
-    assert out["readme"] == cold[0]["compiled"]["readme"]
+    assert out["interim"] == out["readme"] == cold[0]["compiled"]["readme"]
 
 
 FORK = PRELUDE + """
-calls = {"n": 0}
-real = readiness.cache_state
-def cold_once():  # the cache is warm: make the first look see it cold, so a build runs
-    calls["n"] += 1
-    return {"state": "cold"} if calls["n"] == 1 else real()
-readiness.cache_state = cold_once
+readiness.stamp_warm = lambda: False  # the cache is warm: look past its stamp, so a build runs
 assert auto_now() == "torch:cpu" and readiness.status() == "building"
 forks, hung = 0, 0
 while readiness.status() == "building" and forks < 6:
@@ -198,3 +209,38 @@ def test_no_cache_location_answers_and_says_why_once(tmp_path: Path) -> None:
     assert err.count("numba cannot cache its kernels here") == 1, err
     reference, _ = _run(PRELUDE + "print(json.dumps(readme_call('torch:cpu')))", tmp_path)
     assert out["readme"] == reference
+
+
+def test_the_stamp_is_keyed_by_what_numbas_index_is_keyed_by(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stamp names this numba, these kernel sources and this CPU: written for one CPU, it
+    does not read as warm on another (negative control), nor after a kernel source changes."""
+    from portable_verify.backends.numba import readiness
+
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert readiness.stamp_folder() == str(tmp_path) and not readiness.stamp_warm()
+    (tmp_path / (readiness.STAMP_PREFIX + readiness.stamp_key())).write_text("")
+    assert readiness.stamp_warm()
+    monkeypatch.setattr(readiness, "_cpu_identity", lambda: "another CPU")
+    assert not readiness.stamp_warm()
+    monkeypatch.undo()
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path))
+    assert readiness.stamp_warm()  # the control: only the CPU made it read cold
+    real_stat = os.stat
+    edited = tmp_path / "chain.py"  # the kernel source as an edit would leave it
+    edited.write_text("x")
+
+    def touched(path: Any, *args: Any, **kwargs: Any) -> Any:
+        return real_stat(edited if str(path).endswith("chain.py") else path, *args, **kwargs)
+
+    monkeypatch.setattr(readiness.os, "stat", touched)
+    assert not readiness.stamp_warm()
+
+
+def test_no_stamp_is_written_over_a_cold_cache(tmp_path: Path) -> None:
+    """The stamp says what numba's own index says: over an empty cache it is not written."""
+    script = ("import json\nfrom portable_verify.backends.numba import readiness\n"
+              "print(json.dumps([readiness.write_stamp(), readiness.stamp_warm()]))")
+    out, _ = _run(script, tmp_path)
+    assert out == [False, False]
+    assert not any(p.name.startswith("portable_verify.ready.") for p in tmp_path.iterdir())

@@ -15,12 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.backends.base import (
-    Availability,
-    Backend,
-    BackendTraits,
-    ReadValueError,
-)
+from portable_verify.backends.base import Availability, Backend, ReadValueError
+from portable_verify.backends.numba import readiness
 from portable_verify.backends.numba.host import (
     EMPTY_F32_1,
     EMPTY_F32_2,
@@ -50,6 +46,8 @@ except ImportError:
     kernels = numba_block = None
 
 _CPU = torch.device("cpu")
+CHAIN_RULES = readiness.CHAIN_RULES
+TREE_RULES = readiness.TREE_RULES
 
 
 def _outputs(b: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -128,22 +126,13 @@ _AVAILABILITY = (
     if kernels is None else Availability(True, f"numba {numba.__version__} on the CPU"))
 
 
-CHAIN_RULES = ("rejection", "typical", "block")
-"""The sampled rules the chain kernels implement (the kernel's ``typical`` and ``block``
-switches; rejection otherwise, reached only through these names)."""
-TREE_RULES = ("rejection", "typical", "traversal")
-"""The sampled rules the tree walk implements."""
-
-
 class NumbaBackend(Backend):
     """The decision as one numba-compiled CPU kernel (``numba:cpu``)."""
 
     name = "numba"
     description = "one numba-compiled CPU kernel per call (the fast CPU path)"
     devices = ("cpu",)
-    traits = BackendTraits(checks_what_it_reads=True, host_calls=True, checks_tree_reads=True,
-                           layouts=(methods.CHAIN, methods.TREE), chain_rules=CHAIN_RULES,
-                           tree_rules=TREE_RULES)
+    traits = readiness.TRAITS  # declared there: dispatch reads it before importing numba
 
     def availability(self) -> Availability:
         return _AVAILABILITY  # asked on every automatic selection: computed once

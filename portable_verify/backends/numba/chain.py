@@ -29,6 +29,7 @@ from portable_verify.backends.numba.rows import (
     JIT,
     _chunk_max,
     _exp_row,
+    copy_row,
     entropy,
     exp_sum,
     exp_sum_dot,
@@ -555,7 +556,7 @@ def _residual_token(p, s, sums, qrow, x, v, o, scratch_residual):
         b = x // DRAW_BLOCK
         lo = b * DRAW_BLOCK
         hi = min(p.shape[0], lo + DRAW_BLOCK)
-        scratch_residual[lo:hi] = p[lo:hi]
+        copy_row(p[lo:hi], scratch_residual[lo:hi])
         scratch_residual[x] = 0.0
         sums[b] = _block_sum(scratch_residual[lo:hi])
         total = 0.0

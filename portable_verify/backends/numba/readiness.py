@@ -9,31 +9,62 @@ cached kernels here and dispatch switches to ``numba:cpu`` (docs/decisions.md, "
 call"). ``PORTABLE_VERIFY_INTERIM=0`` turns this off: the first call then compiles in the
 calling thread, as a server that wants the compiled kernel or nothing asks.
 
-Nothing here imports numba at module import: dispatch asks only when ``auto`` would pick
-``numba:cpu``. numba's loader internals are private; any surprise reads as "not cached".
+Nothing here imports numba at module import, and the first look does not either where it
+can tell from a stamp file (:func:`stamp_warm`): dispatch asks before it builds the numba
+backend, so a cold first call costs the stand-in's call plus a file lookup, and numba is
+imported in the build thread. A stamped (warm) cache is answered the same way for about a
+second, while the thread loads the cached kernels (loading them in the first call made it 7-9x
+the stand-in's). numba's loader internals are private; any surprise reads as "not cached".
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import importlib
+import importlib.util
 import os
+import platform
 import subprocess
 import sys
 import tempfile
 import threading
 from typing import Any
 
+from portable_verify.backends.base import BackendTraits
+from portable_verify.core import methods
+
 ENV_INTERIM = "PORTABLE_VERIFY_INTERIM"
 """``0`` (or ``off``/``false``/``no``): no interim answers; the first call compiles in place."""
 
 KERNEL_MODULES = ("portable_verify.backends.numba.chain", "portable_verify.backends.numba.rows",
-                  "portable_verify.backends.numba.block", "portable_verify.backends.numba.tree")
+                  "portable_verify.backends.numba.block", "portable_verify.backends.numba.tree",
+                  "portable_verify.backends.numba.traversal")
 """Every module holding cached kernels (the chain, block and tree kernels and row passes)."""
 
 ENTRY_KERNELS = ("chain.greedy", "chain.greedy_at", "chain.decide", "chain.decide_at",
-                 "block.decide_block", "tree.walk")
+                 "block.decide_block", "tree.walk", "traversal.walk")
 """The kernels the backend calls: the cache is warm when each has a signature for this CPU."""
+
+CHAIN_RULES = ("rejection", "typical", "block")
+"""The sampled rules the chain kernels implement (the kernel's ``typical`` and ``block``
+switches; rejection otherwise, reached only through these names)."""
+TREE_RULES = ("rejection", "typical", "traversal")
+"""The sampled rules the tree walk implements."""
+TRAITS = BackendTraits(checks_what_it_reads=True, host_calls=True, checks_tree_reads=True,
+                       layouts=(methods.CHAIN, methods.TREE), chain_rules=CHAIN_RULES,
+                       tree_rules=TREE_RULES)
+"""``numba:cpu``'s traits, here so that dispatch can ask what it implements before importing
+it (and numba)."""
+
+STAMP_PREFIX = "portable_verify.ready."
+"""A build that left every kernel cached writes ``STAMP_PREFIX + key`` (:func:`stamp_key`)."""
+
+UNCACHED_EXIT = 3
+"""The build subprocess's exit status when numba has no writable cache location."""
+
+LOAD_AFTER_S = 0.5
+"""A warm cache's loading starts this long after the first look (see :func:`_build`)."""
 
 POLL_S = 0.2
 """How often the build thread looks at the subprocess and at the stop flag."""
@@ -79,14 +110,22 @@ def ready() -> bool:
 
 def _decide() -> None:
     """The first look (under ``_LOCK``): warm, cold with the interim path on or off, or no
-    cache at all."""
+    cache at all. Without numba imported yet, the stamp decides (no numba import here: the
+    build thread reads numba's own index)."""
     global READY
+    if interim_enabled() and "numba" not in sys.modules:
+        if stamp_warm():  # cached: loaded in the background (about a second), said nowhere
+            _start(status="loading")
+            return
+        _announce_cold(stamp_folder())
+        _start(cold=True)
+        return
     cache = cache_state()
     if not interim_enabled():
         if cache["state"] != "warm":
+            where = _where(cache.get("cache_dirs"))
             _say("cold", f"compiling the numba:cpu kernels in this call (tens of seconds; "
-                         f"{ENV_INTERIM}=0){_where(cache)}; pre-build them with "
-                         "`portable-verify warm-up`")
+                         f"{ENV_INTERIM}=0){where}; pre-build them with `portable-verify warm-up`")
         _state["status"] = "off"
         READY = True
         return
@@ -96,19 +135,27 @@ def _decide() -> None:
         return
     if cache["state"] == "uncached":
         _state["status"] = "failed"
-        _say("uncached", f"numba cannot cache its kernels here ({cache['detail']}): answering "
-                         "from torch:cpu (same tokens); set NUMBA_CACHE_DIR to a writable "
-                         f"folder, or {ENV_INTERIM}=0 to compile in this process")
+        _say_uncached(cache["detail"])
         return
-    _say("cold", f"the numba:cpu kernels are not compiled yet{_where(cache)}: building them in "
-                 "the background and answering from torch:cpu meanwhile (same tokens); "
-                 "pre-build them with `portable-verify warm-up`")
+    _announce_cold((cache.get("cache_dirs") or [None])[0])
     _start()
 
 
-def _where(cache: dict[str, Any]) -> str:
-    dirs = cache.get("cache_dirs") or []
+def _where(dirs: list[str] | None) -> str:
     return f" (cache: {dirs[0]})" if dirs else ""
+
+
+def _announce_cold(folder: str | None) -> None:
+    where = _where([folder] if folder else None)
+    _say("cold", f"the numba:cpu kernels are not compiled yet{where}: building them in "
+                 "the background and answering from torch:cpu meanwhile (same tokens); "
+                 "pre-build them with `portable-verify warm-up`")
+
+
+def _say_uncached(detail: str) -> None:
+    _say("uncached", f"numba cannot cache its kernels here ({detail}): answering "
+                     "from torch:cpu (same tokens); set NUMBA_CACHE_DIR to a writable "
+                     f"folder, or {ENV_INTERIM}=0 to compile in this process")
 
 
 def _say(what: str, message: str) -> None:
@@ -118,17 +165,25 @@ def _say(what: str, message: str) -> None:
         print(f"portable_verify: {message}", file=sys.stderr, flush=True)
 
 
-def _start() -> None:
+def _start(cold: bool = False, status: str = "building") -> None:
     _STOP.clear()
-    thread = threading.Thread(target=_build, name="portable-verify-numba-build", daemon=True)
-    _state.update(status="building", thread=thread)
+    thread = threading.Thread(target=_build, args=(cold, status == "loading"),
+                              name="portable-verify-numba-build", daemon=True)
+    _state.update(status=status, thread=thread)
     thread.start()
 
 
-def _build() -> None:
-    """Fill the disk cache in a subprocess unless it is warm, then load it here."""
+def _build(cold: bool, later: bool) -> None:
+    """Fill the disk cache in a subprocess unless it is warm, then load it here. ``cold``: the
+    stamp said so; the subprocess starts at once and numba is imported here only after it, not
+    beside the caller's first calls. ``later``: a warm cache; the loading starts
+    :data:`LOAD_AFTER_S` after the first call (which then runs on the stand-in alone, without
+    a thread importing numba beside it; a script that exits before never imports numba)."""
+    if later and _STOP.wait(LOAD_AFTER_S):
+        _finish("warm")
+        return
     try:
-        if _cache_state_locked()["state"] != "warm":
+        if cold or _cache_state_locked()["state"] != "warm":
             failure = _run_builder()
             if failure is None and _cache_state_locked()["state"] != "warm":
                 failure = "the build ended but numba's cache holds no kernels for this CPU"
@@ -161,6 +216,9 @@ def _run_builder() -> str | None:
             _state["process"] = None
         if process.returncode == 0:
             return None
+        if process.returncode == UNCACHED_EXIT:
+            _say_uncached("no writable cache location")
+            return "stopped"  # said: nothing more to say
         err.seek(0)
         lines = err.read().decode(errors="replace").strip().splitlines()
         return f"the kernel build exited with {process.returncode}: {(lines or ['?'])[-1]}"
@@ -206,7 +264,7 @@ def loaded() -> None:
     ``auto`` takes ``numba:cpu`` from the next selection on."""
     global READY
     with _LOCK:
-        if _state["status"] != "building":  # a running build ends by itself, ready
+        if _state["status"] not in BUSY:  # a running build ends by itself, ready
             _state["status"] = "ready"
         READY = True
 
@@ -220,8 +278,12 @@ def wait(timeout: float | None = None) -> bool:
     return READY
 
 
+BUSY = ("building", "loading")
+"""The statuses with a thread at work: building (and loading) or loading only (a warm cache)."""
+
+
 def status() -> str:
-    """``new``, ``building``, ``ready``, ``warm``, ``off`` or ``failed``."""
+    """``new``, ``building``, ``loading``, ``ready``, ``warm``, ``off`` or ``failed``."""
     return _state["status"]
 
 
@@ -250,7 +312,7 @@ def _after_fork_in_child() -> None:
     global READY
     _LOADING.release()
     _LOCK.release()
-    if _state["status"] == "building":
+    if _state["status"] in BUSY:
         _state.update(status="new", thread=None, process=None)
         READY = False
 
@@ -286,8 +348,14 @@ def signatures_for_here(dispatcher: Any) -> list[Any]:
 
 
 def _cached_signatures() -> list[tuple[Any, list[Any]]]:
-    return [(d, signatures_for_here(d)) for name in KERNEL_MODULES
-            for d in cached_dispatchers(importlib.import_module(name)).values()]
+    """The entry kernels' cached signatures (a helper's code is linked into its callers: its
+    own cache entry need not be loaded)."""
+    found = []
+    for entry in ENTRY_KERNELS:
+        module, _, kernel = entry.partition(".")
+        dispatchers = cached_dispatchers(importlib.import_module(f"{__package__}.{module}"))
+        found.append((dispatchers[kernel], signatures_for_here(dispatchers[kernel])))
+    return found
 
 
 def cache_state() -> dict[str, Any]:
@@ -309,3 +377,98 @@ def cache_state() -> dict[str, Any]:
     return {"state": "warm" if warm else "cold", "cache_dirs": sorted(dirs),
             "detail": f"{sum(counts.get(k, 0) > 0 for k in ENTRY_KERNELS)} of "
                       f"{len(ENTRY_KERNELS)} entry kernels cached", "kernels": counts}
+
+
+def installed() -> bool:
+    """numba can be imported (found on the path; not imported here)."""
+    if "numba" not in _FOUND:
+        _FOUND["numba"] = importlib.util.find_spec("numba") is not None
+    return _FOUND["numba"]
+
+
+_FOUND: dict[str, bool] = {}
+
+
+def stamp_key() -> str:
+    """What numba's cache index is keyed by, read with plain file I/O: numba's files (its
+    version), the kernel sources' stamps (numba keys each index by its source file's
+    modification time and size), Python, and the CPU (model and feature flags)."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    spec = importlib.util.find_spec("numba")
+    files = [spec.origin if spec is not None else "none"]
+    files += [os.path.join(here, f"{name.rpartition('.')[2]}.py") for name in KERNEL_MODULES]
+    parts = [sys.version, platform.machine(), _cpu_identity()]
+    for path in files:
+        st = os.stat(path) if os.path.exists(path) else None
+        parts.append(f"{path}:{st.st_mtime_ns if st else 0}:{st.st_size if st else 0}")
+    return hashlib.sha1("\n".join(parts).encode()).hexdigest()[:20]
+
+
+def _cpu_identity() -> str:
+    """The CPU's model name and feature flags (Linux ``/proc/cpuinfo``), else the platform's
+    processor string."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            lines = handle.read(65536).split("\n\n", 1)[0].splitlines()
+    except OSError:
+        return platform.processor()
+    keep = ("model name", "flags", "Features", "CPU part", "cpu model")
+    return "|".join(line for line in lines if line.split(":", 1)[0].strip() in keep)
+
+
+def stamp_folder() -> str:
+    """Where the stamp lives: ``NUMBA_CACHE_DIR`` when set, else the ``__pycache__`` beside the
+    kernel sources (numba's in-tree cache folder)."""
+    provided = os.environ.get("NUMBA_CACHE_DIR", "").strip()
+    if provided:
+        return provided
+    return os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
+
+
+def stamp_warm() -> bool:
+    """A build left every kernel cached for this numba, these sources and this CPU (a
+    missing stamp only means "not known": numba's own index is read next, in the build
+    thread)."""
+    return os.path.exists(os.path.join(stamp_folder(), STAMP_PREFIX + stamp_key()))
+
+
+def write_stamp() -> bool:
+    """After a build: write the stamp where :func:`stamp_warm` looks, if numba's own index
+    says every entry kernel is cached here; True when written."""
+    if cache_state()["state"] != "warm":
+        return False
+    try:
+        os.makedirs(stamp_folder(), exist_ok=True)
+        with open(os.path.join(stamp_folder(), STAMP_PREFIX + stamp_key()), "w") as handle:
+            handle.write("every numba:cpu kernel of portable_verify is cached here\n")
+    except OSError:
+        return False
+    return True
+
+
+def kernel_cache() -> dict[str, Any]:
+    """``state`` (warm: every kernel the backend calls is cached; partial / cold / unavailable
+    / unknown), the cache folder and, per kernel, how many signatures are cached for this
+    numba version and CPU (a helper compiled into its callers only may have none)."""
+    try:
+        import numba
+    except ImportError as exc:
+        return {"state": "unavailable", "detail": f"numba not importable: {exc}", "kernels": {}}
+    kernels: dict[str, int] = {}
+    where: set[str] = set()
+    try:
+        for module_name in KERNEL_MODULES:
+            module = importlib.import_module(module_name)
+            for name, dispatcher in cached_dispatchers(module).items():
+                key = f"{module_name.partition('backends.')[2]}.{name}"
+                kernels[key] = len(signatures_for_here(dispatcher))
+                where.add(dispatcher._cache.cache_path)
+    except Exception as exc:  # private numba API, or no cache locator (read-only install)
+        return {"state": "unknown", "detail": f"{type(exc).__name__}: {exc}",
+                "numba": numba.__version__, "kernels": kernels}
+    warm = sum(1 for n in kernels.values() if n > 0)
+    entries = all(kernels.get(f"numba.{k}", 0) > 0 for k in ENTRY_KERNELS)
+    state = "warm" if entries else "cold" if warm == 0 else "partial"  # readiness's rule
+    return {"state": state, "numba": numba.__version__, "cache_dirs": sorted(where),
+            "detail": f"{warm} of {len(kernels)} kernels cached for numba "
+                      f"{numba.__version__} on this CPU", "kernels": kernels}

@@ -29,7 +29,7 @@ from numba.extending import intrinsic
 
 from portable_verify.core.constants import FLOAT32_TINY
 
-__all__ = ["entropy", "exp_sum", "exp_sum_dot", "log_row", "residual", "residual_stats",
+__all__ = ["copy_row", "entropy", "exp_sum", "exp_sum_dot", "log_row", "residual", "residual_stats",
            "row_argmax", "row_max", "row_stats"]
 
 
@@ -508,3 +508,12 @@ def residual(p, scale, q, out):
         d = p[j] / s - q[j]
         out[j] = d if d > 0 else np.float32(0.0)
 
+
+
+@njit(**JIT)
+def copy_row(src, dst):
+    """``dst[:] = src`` for two rows of one length. Why not the slice assignment: numba's
+    broadcast check behind it compiles its error message's string formatting (about a second of
+    cold compile, each module that assigns)."""
+    for j in range(dst.shape[0]):
+        dst[j] = src[j]

@@ -35,7 +35,7 @@ from portable_verify.backends.numba.chain import (
     draw,
     normal_temperature,
 )
-from portable_verify.backends.numba.rows import JIT, _exp_row, exp_sum, row_max, row_stats
+from portable_verify.backends.numba.rows import JIT, _exp_row, copy_row, exp_sum, row_max, row_stats
 from portable_verify.backends.numba.tree import (
     _bad_structure,
     _children,
@@ -158,7 +158,7 @@ def _reject(rows, a, x, tf, o, mode, fs, ns, w, bufs, qbuf, scratch):
             w[a] = 0.0
     if mode == 2:  # after the subtraction: q <- q without x, normalised (the token-level rule's)
         if ns[Q_COPIED, a] == 0:
-            qbuf[:] = q[a]
+            copy_row(q[a], qbuf)
             ns[Q_COPIED, a] = 1
         qbuf[x] = 0.0
         qt = np.float32(row_stats(qbuf)[2])
@@ -205,8 +205,9 @@ def _traverse_one(rows, tree, parents, i, u, tf, o, mode, state, work, path):
     kid = first[0] if max_depth > 0 else -1
     ns[DEPTH, 0], ns[CUR, 0], ns[Q_COPIED, 0], ns[NEXT, 0] = 0, -1, 0, kid
     ns[KID_TOKEN, 0] = tokens[i, kid] if kid >= 0 else 0
-    bad = _enter(rows, 0, kid >= 0, tf, o, mode, fs, ns)
-    c = 0
+    root = np.int64(0)  # not the literal 0: a literal argument compiles a second signature
+    bad = _enter(rows, root, kid >= 0, tf, o, mode, fs, ns)
+    c = root
     while True:
         c, bad_rows = _descend(rows, tree, i, c, tf, o, mode, fs, ns, w, bufs, qbufs)
         bad = bad or bad_rows

@@ -43,7 +43,14 @@ from portable_verify.backends.numba.host import (
     run_split,
     threads_for,
 )
-from portable_verify.backends.numba.rows import JIT, entropy, residual, row_argmax, row_stats
+from portable_verify.backends.numba.rows import (
+    JIT,
+    copy_row,
+    entropy,
+    residual,
+    row_argmax,
+    row_stats,
+)
 from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 from portable_verify.core.tree import TreeInputs
 
@@ -140,7 +147,7 @@ def _test_children(p, s, p_is_ours, qrow, qbuf, res, tokens, u, i, c, after, mod
             return c, which
         if mode == 0:  # q = one-hot(x): zero x, unless it empties the residual
             if which == 0 and not p_is_ours:  # probabilities: work on a copy of the row
-                res[0][:] = p
+                copy_row(p, res[0])
                 w = res[0]
                 which = 1
                 scale = row_stats(w)[2]
@@ -158,7 +165,7 @@ def _test_children(p, s, p_is_ours, qrow, qbuf, res, tokens, u, i, c, after, mod
                 which = 2 if which == 1 else 1
             if mode == 2:  # q <- norm(q with x zeroed), after the subtraction
                 if fresh:
-                    qbuf[:] = qrow
+                    copy_row(qrow, qbuf)
                     q = qbuf
                 q[x] = 0.0
                 qt = np.float32(row_stats(q)[2])
