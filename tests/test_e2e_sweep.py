@@ -192,7 +192,6 @@ def test_default_runtime_rule(monkeypatch):
     assert e2e_config.default_runtime() == ("openvino",
                                             "installed; --runtime torch for transformers")
     assert e2e_config.default_runtime("bfloat16")[0] == "torch"
-    assert e2e_config.default_runtime(trees=("2x3",))[0] == "torch"
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: None if name == "openvino" else real(name, *a))
     runtime, why = e2e_config.default_runtime()

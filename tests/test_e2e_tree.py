@@ -239,17 +239,24 @@ def test_cli_tree_option():
     assert cfg.trees == ("2x4", "3x4:8") and cfg.ks == (4, 8)  # the chains at equal nodes
     assert _e2e_args("--tree", "2x4", "--k", "2")[0].ks == (2, 4)
     for bad, match in ((("--tree", "2y4"), "WIDTHxDEPTH"),
-                       (("--tree", "2x4", "--batch", "2"), "batch 1"),
+                       (("--tree", "2x4", "--batch", "2", "--runtime", "torch"),
+                        "openvino runtime only"),
                        (("--tree", "2x4", "--method", "typical"), "method"),
-                       (("--tree", "2x4", "--draft", "ngram"), "ngram"),
+                       (("--tree", "2x4", "--draft", "ngram", "--drafter", "dynamic"), "ngram"),
+                       (("--tree", "2x4", "--drafter", "spine,ngram"), "ngram"),
+                       (("--tree", "2x4", "--drafter", "beam"), "--drafter must be among"),
+                       (("--drafter", "dynamic"), "--drafter sets how trees are drafted"),
                        (("--method", "traversal"), "--method traversal verifies trees only"),
                        (("--children", "iid"), "--children"),
                        (("--tree", "2x4", "--method", "traversal", "--dense"), "--dense")):
         with pytest.raises(ValueError, match=match):
             _e2e_args(*bad)
     assert _e2e_args("--tree", "2x4", "--runtime", "openvino")[0].runtime == "openvino"
-    with pytest.raises(ValueError, match="batch 1"):
-        _e2e_args("--tree", "2x4", "--runtime", "openvino", "--batch", "2")
+    cfg = _e2e_args("--tree", "2x4", "--runtime", "openvino", "--batch", "2")[0]
+    assert cfg.batch == 2 and cfg.tree_drafters == ("spine",)
+    assert _e2e_args("--tree", "2x4", "--draft", "ngram")[0].tree_drafters == ("ngram",)
+    assert _e2e_args("--tree", "2x4", "--drafter", "spine,dynamic")[0].tree_drafters == (
+        "spine", "dynamic")
     cfg, _ = _e2e_args("--tree", "2x4", "--method", "traversal", "--children", "iid")
     assert (cfg.method, cfg.children, cfg.ks) == ("traversal", "iid", (4,))
 

@@ -15,6 +15,7 @@ from portable_verify.cli import checks
 from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
 from portable_verify.cli.progress import Progress, add_quiet_option, verdict
 from portable_verify.e2e.config import (
+    DEFAULT_TREES,
     PRESETS,
     PROMPT_SETS,
     PROMPTS,
@@ -48,7 +49,7 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--runtime", choices=RUNTIMES, default=None,
                    help="run the models as compiled OpenVINO models (the default where "
                    "openvino is installed; converted once, cached beside the model folder) or "
-                   "in torch (the default otherwise, and for --dtype bfloat16 or --tree)")
+                   "in torch (the default otherwise, and for --dtype bfloat16)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
                    help="torch target dtype (equality is checked in float32; bf16 reports a "
                    "match rate)")
@@ -59,8 +60,11 @@ def add_parser(subparsers: Any) -> None:
                    help="draft trees, comma separated, WIDTHxDEPTH[:NODES] (e.g. 2x4,3x8:8): "
                    "the draft's chain of DEPTH tokens plus WIDTH-1 siblings per position, the "
                    "NODES most valuable (default DEPTH) scored in one target forward; each "
-                   "runs beside the chain "
-                   "with k = NODES (batch 1, torch runtime)")
+                   "runs beside the chain with k = NODES (batch > 1: openvino runtime)")
+    p.add_argument("--drafter", default=None,
+                   help="tree drafters, comma separated: spine (the chain's path plus "
+                   "siblings; default), dynamic (EAGLE-2-style expansion), ngram (prompt "
+                   "lookup's continuations; the default with --draft ngram)")
     p.add_argument("--method", choices=("greedy", "rejection", "typical", "block", "traversal"),
                    default=None,
                    help="verification method (default greedy); block runs block verification "
@@ -224,13 +228,16 @@ def config_from_args(args: argparse.Namespace) -> tuple[E2EConfig, list[str]]:
         chosen["ks"] = SWEEP_KS
         notes.append(f"--sweep: --k {_text(SWEEP_KS)}")
     runtime, why = (args.runtime, "--runtime") if args.runtime else \
-        default_runtime(args.dtype, trees)
+        default_runtime(args.dtype)
     notes.insert(0, f"runtime: {runtime} ({why})")
+    if is_default_run(args) and not trees and runtime == "openvino" and args.draft != "ngram":
+        trees = DEFAULT_TREES
+        notes.append(f"default run: trees {_text(trees)} beside the chains")
     if trees:
         from portable_verify.e2e.tree_loop import TreeShape
 
         nodes = tuple(TreeShape.parse(t).nodes for t in trees)
-        ks = chosen.get("ks", ()) if args.k else ()
+        ks = chosen.get("ks", ()) if args.k or args.sweep else ()
         chosen["ks"] = tuple(sorted(set(ks) | set(nodes)))
     modes = tuple(m.strip() for m in args.draft_mode.split(",")) if args.draft_mode \
         else ("sampled",)
@@ -241,6 +248,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[E2EConfig, list[str]]:
                     temperature=1.0 if args.temperature is None else args.temperature,
                     seed=args.seed, threads=args.threads, clock=args.clock,
                     prompt_set=args.prompt_set, preset=args.preset, trees=trees,
+                    drafters=tuple(d.strip() for d in (args.drafter or "").split(",")
+                                   if d.strip()),
                     children=args.children or "without_replacement", draft_modes=modes,
                     sweep=args.sweep, **chosen)
     if is_default_run(args):
@@ -342,6 +351,15 @@ def render_headline(data: dict[str, Any], console: Any) -> None:
                       f"{_fmt(h['target_only_tokens_per_s'], '.1f')} tokens/s; per-trial ratio "
                       f"{_ratio_interval(h['per_trial'])}; {_fmt(h['tokens_per_target_forward'])} "
                       "tokens per target forward; best of these budgets on these prompts)")
+    for t in data.get("tree_headline", []):
+        if t is None:
+            continue
+        console.print(f"[bold]{t['run']}[/]: best tree {t['tree']} ({t['tree_speedup']:.2f}x "
+                      f"target-only) vs best chain {t['chain']} ({t['chain_speedup']:.2f}x): "
+                      f"tokens/s ratio {_ratio_interval(t['tokens_per_s_ratio'])}; tokens per "
+                      f"target forward {_fmt(t['tokens_per_target_forward_tree'])} of a ceiling "
+                      f"of {t['tree_ceiling']} against {_fmt(t['tokens_per_target_forward_chain'])}"
+                      f" of {t['chain_ceiling']}")
     if data.get("trees"):
         console.print(f"best tree vs best chain: {data['trees']}")
 

@@ -67,20 +67,17 @@ SWEEP_KS: tuple[int, ...] = tuple(range(1, 9))
 DRAFT_MODES: tuple[str, ...] = ("sampled", "argmax")
 
 
-def default_runtime(dtype: str = "float32", trees: tuple[str, ...] = ()) -> tuple[str, str]:
+def default_runtime(dtype: str = "float32") -> tuple[str, str]:
     """The runtime a command without ``--runtime`` uses, and the reason, stated in its output.
 
     Static rule: OpenVINO where it is importable (its multi-token forward costs little more
     than a one-token forward, where torch's grows with every scored position), unless the run
-    asks for what only torch runs (``--dtype bfloat16``; ``--tree`` until trees run on
-    OpenVINO); else torch.
+    asks for what only torch runs (``--dtype bfloat16``); else torch.
     """
     import importlib.util
 
     if dtype != "float32":
         return "torch", f"--dtype {dtype} runs in torch only"
-    if trees:  # trees: drop this branch once tree_generate runs on the OpenVINO runtime
-        return "torch", "--tree runs in torch only"
     if importlib.util.find_spec("openvino") is None:
         return "torch", "openvino not installed (pip install openvino for the faster runtime)"
     return "openvino", "installed; --runtime torch for transformers"
@@ -108,8 +105,10 @@ class E2EConfig:
     clock: str = "wall"  # "wall" or "cpu" (process CPU time: waiting for a core left out)
     preset: str | None = None
     typical: TypicalParams = DEFAULT_TYPICAL
-    trees: tuple[str, ...] = ()  # tree shapes "WxD[:M]" (batch 1; greedy, rejection or
-    # traversal)
+    trees: tuple[str, ...] = ()  # tree shapes "WxD[:M]" (greedy, rejection or traversal;
+    # batch > 1 on the openvino runtime)
+    drafters: tuple[str, ...] = ()  # tree drafters (tree_drafters.DRAFTERS); () = the draft's
+    # own: "ngram" for --draft ngram, else "spine"
     children: str = "without_replacement"  # trees at T > 0: siblings drawn so, or "iid"
     draft_modes: tuple[str, ...] = ("sampled",)  # chains at T > 0: sampled and/or argmax drafts
     sweep: bool = False  # choose each method's best budget on held-out prompts
@@ -147,6 +146,8 @@ class E2EConfig:
         if self.method == "traversal" and not self.trees:
             raise ValueError("--method traversal verifies trees only: give --tree (on a chain "
                              "traversal is block verification: --method block)")
+        if self.drafters and not self.trees:
+            raise ValueError("--drafter sets how trees are drafted: give --tree")
         if self.children not in ("without_replacement", "iid"):
             raise ValueError("children must be 'without_replacement' or 'iid', got "
                              f"{self.children!r}")
@@ -167,7 +168,7 @@ class E2EConfig:
                                                               for m in modes):
             raise ValueError(f"--draft-mode must be one or both of {', '.join(DRAFT_MODES)}, "
                              f"comma separated, got {','.join(modes)!r}")
-        if modes != ("sampled",) and (self.method not in ("rejection", "block")
+        if modes != ("sampled",) and (self.method not in ("rejection", "block", "traversal")
                                       or self.temperature == 0 or self.dense):
             raise ValueError("--draft-mode compares how sampled rows draft: it needs --method "
                              "rejection or block at --temperature > 0 (no --dense); got method "
@@ -181,12 +182,28 @@ class E2EConfig:
         if self.method not in ("greedy", "rejection", "traversal"):
             raise ValueError("--tree runs with method greedy, rejection or traversal; got "
                              f"method {self.method}")
-        if self.batch != 1:  # the runner passes trees no attention mask for padded prompts
-            raise ValueError(f"--tree runs batch 1 (runtime torch or openvino); got batch "
-                             f"{self.batch}")
-        if self.draft == "ngram":
-            raise ValueError("--tree drafts with a draft model's distributions: it needs a "
-                             "model draft, not ngram")
+        if self.batch != 1 and self.runtime != "openvino":
+            raise ValueError(f"--tree runs batch > 1 on the openvino runtime only (transformers "
+                             f"modules take no per-row tree masks); got batch {self.batch} on "
+                             f"{self.runtime}")
+        from portable_verify.e2e.tree_drafters import DRAFTERS
+
+        for name in self.drafters:
+            if name not in DRAFTERS:
+                raise ValueError(f"--drafter must be among {', '.join(sorted(DRAFTERS))}, got "
+                                 f"{name!r}")
+        if (self.draft == "ngram") != ("ngram" in self.tree_drafters) \
+                or (self.draft == "ngram" and len(self.tree_drafters) > 1):
+            raise ValueError("the ngram tree drafter and --draft ngram go together (prompt "
+                             "lookup has no draft model to expand a tree with); got --draft "
+                             f"{self.draft}, --drafter {','.join(self.tree_drafters)}")
+
+    @property
+    def tree_drafters(self) -> tuple[str, ...]:
+        """The drafters trees run with: those given, else the draft's own."""
+        if self.drafters:
+            return self.drafters
+        return ("ngram",) if self.draft == "ngram" else ("spine",)
 
     @property
     def greedy(self) -> bool:
@@ -201,6 +218,7 @@ class E2EConfig:
         data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["ks"] = list(self.ks)
         data["trees"] = list(self.trees)
+        data["drafters"] = list(self.tree_drafters)
         data["draft_modes"] = list(self.draft_modes)
         data["typical"] = asdict(self.typical)
         return data

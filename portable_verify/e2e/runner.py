@@ -27,6 +27,7 @@ import torch
 from portable_verify import verify_tree
 from portable_verify.bench import environment
 from portable_verify.core.types import VerifyOptions
+from portable_verify.e2e import tree_drafters
 from portable_verify.e2e.config import E2EConfig
 from portable_verify.e2e.dense_verifier import dense_verifier
 from portable_verify.e2e.paired import (
@@ -54,6 +55,7 @@ class Contender:
     method: str = ""  # the verification method ("" for target-only)
     tree: TreeShape | None = None
     draft_mode: str = "sampled"  # how sampled rows draft (hf.DRAFT_MODES)
+    drafter: str = ""  # a tree's drafter (tree_drafters.DRAFTERS)
     accepted_per_forward: list[float] = field(default_factory=list)  # one per (round, batch)
     tokens_per_s: list[float] = field(default_factory=list)  # one per (round, batch)
     speedups: list[float] = field(default_factory=list)  # against target-only, same batch
@@ -183,24 +185,30 @@ def contenders(cfg: E2EConfig) -> list[Contender]:
                         + (f" {mode}" if len(modes) > 1 else "")
                     metrics = hf.LoopMetrics(k=k, accepted_per_position=[0] * k)
                     runs.append(Contender(name, k, v, metrics, method, draft_mode=mode))
-    # trees: one run per tree and rule, drafted by the tree drafter's own mode; a draft-mode
-    # axis for trees (deterministic children for "argmax") plugs in here.
+    # Trees: one run per shape, drafter, draft mode and rule ("argmax": deterministic
+    # children verified at T, no draft_probs).
     tree_methods = TREE_PAIRED_METHODS if cfg.method == "traversal" else (cfg.method,)
+    drafters = cfg.tree_drafters
     for text in cfg.trees:
         shape = TreeShape.parse(text)
-        for method in tree_methods:
-            name = f"tree {shape.label}" + (f" {method}" if len(tree_methods) > 1 else "")
-            runs.append(Contender(name, shape.depth, "verify_tree",
-                                  TreeLoopMetrics(k=shape.depth,
-                                                  accepted_per_position=[0] * shape.depth),
-                                  method=method, tree=shape))
+        for drafter in drafters:
+            for mode in modes:
+                for method in tree_methods:
+                    name = f"tree {shape.label}" + (f" {drafter}" if len(drafters) > 1 else "") \
+                        + (f" {method}" if len(tree_methods) > 1 else "") \
+                        + (f" {mode}" if len(modes) > 1 else "")
+                    runs.append(Contender(name, shape.depth, "verify_tree",
+                                          TreeLoopMetrics(k=shape.depth,
+                                                          accepted_per_position=[0] * shape.depth),
+                                          method=method, tree=shape, draft_mode=mode,
+                                          drafter=drafter))
     return runs
 
 
 def _group(run: Contender) -> tuple[Any, ...] | None:
     """Runs compared side by side share a group: same budget, verifier and tree, differing
     only in rule or draft mode (None: a run compared with nothing but target-only)."""
-    return None if run.k == 0 else (run.k, run.verifier, run.tree)
+    return None if run.k == 0 else (run.k, run.verifier, run.tree, run.drafter)
 
 
 def _alternate(order: list[Contender], runs: list[Contender], flip: bool) -> list[Contender]:
@@ -269,13 +277,18 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
     greedy = cfg.greedy
     clock = time.process_time if cfg.clock == "cpu" else time.perf_counter
 
-    def tree_run(run: Contender, ids: torch.Tensor, n: int, seed: int) -> Any:
+    def tree_run(run: Contender, ids: torch.Tensor, mask: torch.Tensor, n: int,
+                 seed: int) -> Any:
         shadow = ShadowVerifier(run.method, clock, TREE_PAIRED_METHODS, verify_tree) \
             if cfg.method == "traversal" else None
-        out = tree_generate(engines.target, engines.draft, ids, max_new_tokens=n,
-                            shape=run.tree, method=run.method, temperature=cfg.temperature,
-                            seed=seed, eos_token_id=eos, pad_token_id=pad,
-                            children=cfg.children, verifier=shadow or verify_tree, clock=clock)
+        children = "deterministic" if run.draft_mode == "argmax" or run.drafter == "ngram" \
+            else cfg.children  # the n-gram trie's children are chosen, never drawn
+        out = tree_generate(engines.target, engines.draft, ids, attention_mask=mask,
+                            max_new_tokens=n, shape=run.tree, method=run.method,
+                            temperature=cfg.temperature, seed=seed, eos_token_id=eos,
+                            pad_token_id=pad, children=children,
+                            drafter=tree_drafters.get_drafter(run.drafter),
+                            verifier=shadow or verify_tree, clock=clock)
         if shadow is not None:  # the shadow call is the measurement's, not the run's
             out.metrics.verify_time_s -= shadow.shadow_time_s
             out.metrics.decode_time_s -= shadow.shadow_time_s
@@ -289,7 +302,7 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
                                            max_new_tokens=n, eos_token_id=eos, pad_token_id=pad,
                                            clock=clock)
         if run.tree is not None:
-            return tree_run(run, ids, n, seed)
+            return tree_run(run, ids, mask, n, seed)
         shadow = ShadowVerifier(run.method, clock) if run.method in PAIRED_METHODS \
             and cfg.method == "block" else None
         verifier = dense_verifier(seed) if run.verifier == "dense" else shadow
@@ -516,10 +529,10 @@ def tree_comparison(runs: list[Contender]) -> list[dict[str, Any]]:
     """Each tree against the chain scoring as many nodes (``k = nodes``): accepted drafts per
     target forward and tokens/s, as one ratio per (round, prompt batch) with its spread, and
     the paired difference (tree - chain per trial) with its 95% Student-t interval."""
-    chains = {r.k: r for r in runs if r.verifier == "verify" and r.draft_mode == "sampled"}
+    chains = {(r.k, r.draft_mode): r for r in runs if r.verifier == "verify"}
     rows = []
     for tree in (r for r in runs if r.tree is not None):
-        chain = chains.get(tree.tree.nodes)  # type: ignore[union-attr]
+        chain = chains.get((tree.tree.nodes, tree.draft_mode))  # type: ignore[union-attr]
         if chain is None:
             continue
         apf = [t / c for t, c in zip(tree.accepted_per_forward, chain.accepted_per_forward,
