@@ -59,9 +59,11 @@ QUICK = {"ks": (2, 4), "max_new_tokens": 24, "num_prompts": 2, "rounds": 1}
 """What ``--quick`` changes, unless the flag for that option is given."""
 SAMPLED_TEMPERATURE = 0.8
 """The default command's sampled half: token-wise rejection at this temperature, beside greedy."""
-DEFAULT_TREES: tuple[str, ...] = ()
-"""Tree shapes the default command runs beside its chains (# trees: the preset shapes go here
-once trees run on the OpenVINO runtime; until then the default command runs chains only)."""
+DEFAULT_TREES: tuple[str, ...] = ("2x3:4",)
+"""Trees the default command runs beside its chains on the openvino runtime: the spine drafter's
+3-deep path with one sibling per position, 4 nodes kept (5 scored positions, as the chain k=4
+of ``--quick``); the best tree of a short int4/int8 trial (docs/e2e.md, "Trees end to end on
+the OpenVINO runtime")."""
 SWEEP_KS: tuple[int, ...] = tuple(range(1, 9))
 """Chain budgets ``--sweep`` tries when ``--k`` is not given."""
 DRAFT_MODES: tuple[str, ...] = ("sampled", "argmax")
