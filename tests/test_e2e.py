@@ -475,12 +475,21 @@ def test_cli_quick_on_the_default_model(capsys, runtime):
     assert all(len(r["acceptance_rate_per_position"]) == r["k"] for r in spec)
     assert all(r["speedup_spread"]["n"] == 2 for r in spec)  # one ratio per prompt batch
     assert "%|" not in captured.err, "a progress bar of transformers leaked"
-    runs = 2 * len(data["config"]["ks"]) + 2  # (target-only + each k) x 2 prompt batches
+    trees = data["config"]["trees"]
+    assert bool(trees) == (runtime == "openvino")  # the default run's trees: openvino only
+    runs = 2 * (len(data["config"]["ks"]) + len(trees)) + 2  # (target-only, each k, each
+    # tree) x 2 prompt batches
     assert f"[{runs}/{runs}]" in captured.err  # a progress line per configuration run
     assert captured.err.lstrip().startswith(f"e2e: runtime: {runtime} (--runtime)")
     assert data["sampled_run"]["config"]["temperature"] == 0.8
     assert [h["run"] for h in data["headline"]] == ["greedy", "T=0.8"]
-    assert "trees are not in this run" in captured.err
+    if runtime == "torch":
+        assert "trees are not in this run" in captured.err
+    else:
+        tree = [r for r in data["results"] if r.get("tree")]
+        assert tree and all(r["greedy_equal"] for r in tree)
+        assert [t["run"] for t in data["tree_headline"]] == ["greedy", "T=0.8"]
+        assert "best tree tree 2x3:4" in captured.err
 
 
 @pytest.mark.slow

@@ -229,7 +229,22 @@ def test_default_run_reports_greedy_and_sampled_best_chains(monkeypatch, pair):
     assert [h["run"] for h in data["headline"]] == ["greedy", "T=0.8"]
     for h in data["headline"]:
         assert h["best"] in ("spec k=1", "spec k=2") and h["per_trial"]["n"] == 2
-    assert data["trees"] == TREES_NOT_RUN
+    assert data["trees"] == TREES_NOT_RUN and data["tree_headline"] == [None, None]
+
+
+def test_default_run_reports_the_best_tree_against_the_best_chain(monkeypatch, pair):
+    from portable_verify.e2e.default_run import run_default
+
+    _tiny(monkeypatch, pair)
+    cfg = E2EConfig(ks=(1, 2), trees=("2x2",), max_new_tokens=8, num_prompts=2, rounds=1)
+    data = run_default(cfg)
+    assert data["trees"] is None
+    for half, t in zip(("greedy", "T=0.8"), data["tree_headline"], strict=True):
+        assert t["run"] == half and t["tree"] == "tree 2x2" and t["chain"].startswith("spec k=")
+        assert t["tokens_per_s_ratio"]["n"] == 2 and t["tree_ceiling"] == 3
+        chain = next(r for r in (data if half == "greedy" else data["sampled_run"])["results"]
+                     if r["name"] == t["chain"])
+        assert t["chain_speedup"] == chain["speedup_vs_target_only"]
 
 
 BAD = [
