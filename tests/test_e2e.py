@@ -489,7 +489,7 @@ def test_cli_quick_on_the_default_model(capsys, runtime):
         tree = [r for r in data["results"] if r.get("tree")]
         assert tree and all(r["greedy_equal"] for r in tree)
         assert [t["run"] for t in data["tree_headline"]] == ["greedy", "T=0.8"]
-        assert "best tree tree 2x3:4" in captured.err
+        assert "best tree 2x3:4" in captured.err
 
 
 @pytest.mark.slow

@@ -354,7 +354,7 @@ def render_headline(data: dict[str, Any], console: Any) -> None:
     for t in data.get("tree_headline", []):
         if t is None:
             continue
-        console.print(f"[bold]{t['run']}[/]: best tree {t['tree']} ({t['tree_speedup']:.2f}x "
+        console.print(f"[bold]{t['run']}[/]: best {t['tree']} ({t['tree_speedup']:.2f}x "
                       f"target-only) vs best chain {t['chain']} ({t['chain_speedup']:.2f}x): "
                       f"tokens/s ratio {_ratio_interval(t['tokens_per_s_ratio'])}; tokens per "
                       f"target forward {_fmt(t['tokens_per_target_forward_tree'])} of a ceiling "
