@@ -62,3 +62,31 @@ def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Modul
         for p in copy.parameters():
             p.add_(scale * p.std() * torch.randn_like(p))
     return copy
+
+
+class Batched:
+    """A transformers module that runs ``tree_loop.tree_forward`` for a batch whose rows share
+    one history length (every row of one prompt at its first steps: no holes), so that batched
+    drafters can be tested without the OpenVINO runtime."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from portable_verify.integrations import hf
+
+        self.step = hf.as_step_model(model)
+
+    def new_cache(self) -> Any:
+        return self.step.new_cache()
+
+    def prefill(self, ids: torch.Tensor, cache: Any, pos: torch.Tensor,
+                mask: torch.Tensor | None) -> None:
+        self.step.prefill(ids, cache, pos, mask)
+
+    def logits(self, ids: torch.Tensor, cache: Any, pos: torch.Tensor,
+               mask: torch.Tensor | None, last_only: bool = False) -> torch.Tensor:
+        return self.step.logits(ids, cache, pos, mask, last_only)
+
+    def tree_logits(self, ids: torch.Tensor, cache: Any, pos: torch.Tensor, mark: int,
+                    visible: torch.Tensor, last_only: bool) -> torch.Tensor:
+        allowed = torch.cat([visible.new_ones(*visible.shape[:2], mark), visible], 2)
+        mask = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+        return self.step.logits(ids, cache, pos, mask[:, None], last_only)

@@ -11,7 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from test_tree_loop_law import Batched  # noqa: E402
+from helpers import Batched  # noqa: E402
 
 from portable_verify.e2e import ngram, tree_drafters, tree_loop  # noqa: E402
 from portable_verify.e2e.tree_drafters import (  # noqa: E402
