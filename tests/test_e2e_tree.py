@@ -245,9 +245,10 @@ def test_cli_tree_option():
                        (("--tree", "2x4", "--draft", "ngram", "--drafter", "dynamic"), "ngram"),
                        (("--tree", "2x4", "--drafter", "spine,ngram"), "ngram"),
                        (("--tree", "2x4", "--drafter", "beam"), "--drafter must be among"),
-                       (("--drafter", "dynamic"), "--drafter sets how trees are drafted"),
+                       (("--drafter", "dynamic", "--runtime", "torch"),
+                        "--drafter sets how trees are drafted"),
                        (("--method", "traversal"), "--method traversal verifies trees only"),
-                       (("--children", "iid"), "--children"),
+                       (("--children", "iid", "--runtime", "torch"), "--children"),
                        (("--tree", "2x4", "--method", "traversal", "--dense"), "--dense")):
         with pytest.raises(ValueError, match=match):
             _e2e_args(*bad)
@@ -257,6 +258,9 @@ def test_cli_tree_option():
     assert _e2e_args("--tree", "2x4", "--draft", "ngram")[0].tree_drafters == ("ngram",)
     assert _e2e_args("--tree", "2x4", "--drafter", "spine,dynamic")[0].tree_drafters == (
         "spine", "dynamic")
+    # The default run on openvino has its own trees: a drafter given alone drafts them.
+    cfg = _e2e_args("--drafter", "dynamic", "--runtime", "openvino")[0]
+    assert cfg.trees and cfg.tree_drafters == ("dynamic",)
     cfg, _ = _e2e_args("--tree", "2x4", "--method", "traversal", "--children", "iid")
     assert (cfg.method, cfg.children, cfg.ks) == ("traversal", "iid", (4,))
 
