@@ -116,10 +116,15 @@ def plot(path: str | Path, data: dict[str, Any]) -> None:
     base = next(r for r in data["results"] if r["k"] == 0)
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
     for label in dict.fromkeys(c["method"] for c in configs):
-        sel = sorted((c for c in configs if c["method"] == label),
-                     key=lambda c: c["scored_positions"])
-        left.plot([c["scored_positions"] for c in sel], [c["tokens_per_s"] for c in sel],
-                  "o-", label=label)
+        sel = [c for c in configs if c["method"] == label]
+        dots = left.scatter([c["scored_positions"] for c in sel],
+                            [c["tokens_per_s"] for c in sel], s=18, alpha=0.6)
+        best: dict[int, float] = {}  # several shapes may score as many positions: the line
+        for c in sel:  # joins each count's best, the dots show every configuration
+            best[c["scored_positions"]] = max(best.get(c["scored_positions"], 0.0),
+                                              c["tokens_per_s"])
+        xs = sorted(best)
+        left.plot(xs, [best[x] for x in xs], "-", color=dots.get_facecolor()[0], label=label)
     left.axhline(base["tokens_per_s"], color="gray", linestyle="--", label="target-only")
     left.set_xlabel("scored positions per target forward")
     left.set_ylabel("tokens/s (all trials)")
