@@ -62,8 +62,8 @@ SAMPLED_TEMPERATURE = 0.8
 DEFAULT_TREES: tuple[str, ...] = ("2x3:4",)
 """Trees the default command runs beside its chains on the openvino runtime: the spine drafter's
 3-deep path with one sibling per position, 4 nodes kept (5 scored positions, as the chain k=4
-of ``--quick``); the best tree of a short int4/int8 trial (docs/e2e.md, "Trees end to end on
-the OpenVINO runtime")."""
+of ``--quick``, so it adds no chain); the best tree of the int4 trial and within 0.1x of the
+int8 sweep's best (docs/e2e.md, "Trees, budgets and drafts on the OpenVINO runtime")."""
 SWEEP_KS: tuple[int, ...] = tuple(range(1, 9))
 """Chain budgets ``--sweep`` tries when ``--k`` is not given."""
 DRAFT_MODES: tuple[str, ...] = ("sampled", "argmax")
