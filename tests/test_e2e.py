@@ -12,6 +12,7 @@ import itertools
 import json
 import math
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -264,6 +265,17 @@ def _untempered_verifier(draft_token_ids, **kwargs):
     return verify(draft_token_ids, **kwargs)
 
 
+def _law_setup(n: int = 2000) -> tuple[Any, Any, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The law tests' pair (V=8, a sharp target, a perturbed draft), ``n`` copies of one prompt,
+    the exact two-token law at T=0.8, and per-row seeds."""
+    target = tiny_llama(4, vocab=8, head_scale=12.0)
+    draft = perturbed(target, 0.8, 5)
+    prompt = torch.tensor([[1, 5, 2]])
+    exact = _exact_two_token_distribution(target, prompt, 0.8)
+    seeds = torch.arange(n, dtype=torch.int64) * 7919 + 17
+    return target, draft, prompt.expand(n, -1).contiguous(), exact, seeds
+
+
 def test_rejection_loop_samples_the_target_distribution():
     """The loop's two-token output follows the target exactly (rejection sampling and block
     verification are lossless).
@@ -274,13 +286,8 @@ def test_rejection_loop_samples_the_target_distribution():
     same test and must be rejected at p < 1e-6: the lossy typical rule, and a loop that forgets
     to hand the temperature to the verifier (so a test that cannot fail would be noticed).
     """
-    target = tiny_llama(4, vocab=8, head_scale=12.0)
-    draft = perturbed(target, 0.8, 5)
-    prompt = torch.tensor([[1, 5, 2]])
-    n = 2000
-    ids = prompt.expand(n, -1).contiguous()
-    exact = _exact_two_token_distribution(target, prompt, 0.8)
-    seeds = torch.arange(n, dtype=torch.int64) * 7919 + 17
+    target, draft, ids, exact, seeds = _law_setup()
+    n = ids.shape[0]
     pvalues = {}
     runs = (("verify", "rejection", None), ("block", "block", None),
             ("typical", "typical", None), ("untempered", "rejection", _untempered_verifier))
@@ -307,13 +314,8 @@ def test_argmax_drafts_sample_the_target_distribution(monkeypatch):
     had been drawn from it (the sampled mode with its draw replaced by the argmax); it biases
     every step towards the draft's argmax and must be rejected at p < 1e-6.
     """
-    target = tiny_llama(4, vocab=8, head_scale=12.0)
-    draft = perturbed(target, 0.8, 5)
-    prompt = torch.tensor([[1, 5, 2]])
-    n = 2000
-    ids = prompt.expand(n, -1).contiguous()
-    exact = _exact_two_token_distribution(target, prompt, 0.8)
-    seeds = torch.arange(n, dtype=torch.int64) * 7919 + 17
+    target, draft, ids, exact, seeds = _law_setup()
+    n = ids.shape[0]
 
     def law(method: str, mode: str) -> float:
         out = hf.speculative_generate(target, draft, ids, max_new_tokens=2, k=2, method=method,
