@@ -424,7 +424,10 @@ def test_cli_options_and_presets():
     assert notes[0].startswith(f"runtime: {cfg.runtime} (")
     assert notes[1] == "--quick: --k 2,4, --max-new-tokens 24, --prompts 2, --rounds 1"
     cfg, notes = _e2e_args("--quick", "--k", "3", "--prompts", "1")  # flags beat --quick
-    assert (cfg.ks, cfg.num_prompts, cfg.max_new_tokens) == ((3,), 1, 24)
+    # The default run's tree (openvino) brings the chain of its node count (k=4) beside k=3.
+    want = (3, 4) if cfg.trees else (3,)
+    assert (cfg.ks, cfg.num_prompts, cfg.max_new_tokens) == (want, 1, 24)
+    assert _e2e_args("--quick", "--k", "3", "--runtime", "torch")[0].ks == (3,)
     cfg, notes = _e2e_args("--preset", "seed", "--batch", "1")  # agreeing with it is fine
     assert (cfg.method, cfg.ks, cfg.batch, cfg.dense) == ("typical", (2,), 1, True)
     assert notes[1].startswith("preset seed: --method typical, --k 2, --batch 1, --dense on")

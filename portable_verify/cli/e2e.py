@@ -230,14 +230,16 @@ def config_from_args(args: argparse.Namespace) -> tuple[E2EConfig, list[str]]:
     runtime, why = (args.runtime, "--runtime") if args.runtime else \
         default_runtime(args.dtype)
     notes.insert(0, f"runtime: {runtime} ({why})")
-    if is_default_run(args) and not trees and runtime == "openvino" and args.draft != "ngram":
+    default_trees = is_default_run(args) and not trees and runtime == "openvino" \
+        and args.draft != "ngram"
+    if default_trees:
         trees = DEFAULT_TREES
         notes.append(f"default run: trees {_text(trees)} beside the chains")
     if trees:
         from portable_verify.e2e.tree_loop import TreeShape
 
         nodes = tuple(TreeShape.parse(t).nodes for t in trees)
-        ks = chosen.get("ks", ()) if args.k or args.sweep else ()
+        ks = chosen.get("ks", E2EConfig.ks) if args.k or args.sweep or default_trees else ()
         chosen["ks"] = tuple(sorted(set(ks) | set(nodes)))
     modes = tuple(m.strip() for m in args.draft_mode.split(",")) if args.draft_mode \
         else ("sampled",)
