@@ -431,7 +431,7 @@ def test_cli_options_and_presets():
     cfg, notes = _e2e_args("--preset", "seed", "--batch", "1")  # agreeing with it is fine
     assert (cfg.method, cfg.ks, cfg.batch, cfg.dense) == ("typical", (2,), 1, True)
     assert notes[1].startswith("preset seed: --method typical, --k 2, --batch 1, --dense on")
-    assert _e2e_args("--k", "1,3")[0].ks == (1, 3)
+    assert _e2e_args("--k", "1,3", "--runtime", "torch")[0].ks == (1, 3)
     for bad, name in ((("--k", "1,x"), "--k"), (("--k", "0"), "--k"),
                       (("--prompts", "99"), "--prompts"), (("--batch", "0"), "--batch"),
                       (("--threads", "-1"), "--threads"),
