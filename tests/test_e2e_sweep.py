@@ -162,7 +162,7 @@ def test_sweep_picks_on_selection_prompts_and_reports_on_the_others():
     assert rej["vs_target_only"]["mean"] == pytest.approx(1.1)
     assert rej["vs_best_chain"] is None  # the best chain itself
     assert blk_row["vs_best_chain"]["mean"] == pytest.approx(12 / 11)
-    assert rej["draft_share"] == pytest.approx(0.25)
+    assert rej["draft_share_all_trials"] == pytest.approx(0.25)
     with pytest.raises(ValueError, match="2 prompt batches"):
         sweep.selection_batches(1)
 

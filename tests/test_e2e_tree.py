@@ -249,7 +249,12 @@ def test_cli_tree_option():
                         "--drafter sets how trees are drafted"),
                        (("--method", "traversal"), "--method traversal verifies trees only"),
                        (("--children", "iid", "--runtime", "torch"), "--children"),
-                       (("--tree", "2x4", "--method", "traversal", "--dense"), "--dense")):
+                       (("--tree", "2x4", "--method", "traversal", "--dense"), "--dense"),
+                       (("--tree", "2x4,2x4:4"), "each tree runs once"),
+                       (("--k", "2,2", "--runtime", "torch"), "each budget runs once"),
+                       (("--tree", "2x4", "--drafter", "spine,spine"), "each budget runs once"),
+                       (("--tree", "2x4", "--draft", "ngram", "--batch", "2", "--runtime",
+                         "openvino"), "ngram tree runs batch 1")):
         with pytest.raises(ValueError, match=match):
             _e2e_args(*bad)
     assert _e2e_args("--tree", "2x4", "--runtime", "openvino")[0].runtime == "openvino"

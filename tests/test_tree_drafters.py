@@ -359,3 +359,21 @@ def test_drafter_names_and_arguments():
     with pytest.raises(ValueError, match="token history"):
         DRAFTERS["ngram"](None, object(), torch.zeros(1, 4), torch.tensor([1]), 3,
                           TreeShape(2, 2, 2), _how(0.0))
+
+
+def test_the_ngram_history_drops_the_slots_no_row_keeps():
+    """``TokenHistory.keep`` left-packs each row's kept slots and drops the rest: a dropped slot
+    left as a dead column would be scanned by every later lookup (the history would grow by the
+    tree's size every step)."""
+    from portable_verify.e2e.ngram import TokenHistory
+
+    history = TokenHistory()
+    history.append(torch.tensor([[1, 2, 3], [4, 5, 6]]), None)
+    mark = history.mark()
+    history.append(torch.tensor([[7, 8, 9, 10], [11, 12, 13, 14]]), None)
+    history.keep(mark, torch.tensor([[2, 0, -1, -1], [-1, -1, -1, -1]]))
+    assert history.mark() == mark + 2  # the widest row's two kept slots, nothing more
+    assert history.row(0).tolist() == [1, 2, 3, 9, 7]
+    assert history.row(1).tolist() == [4, 5, 6]
+    history.keep(history.mark(), torch.full((2, 3), -1))
+    assert history.mark() == mark + 2

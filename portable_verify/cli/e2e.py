@@ -78,8 +78,9 @@ def add_parser(subparsers: Any) -> None:
     p.add_argument("--temperature", type=float, default=None,
                    help="temperature of sampled methods (default 1.0)")
     p.add_argument("--draft-mode", default=None,
-                   help="sampled, argmax or both (comma separated), with --method rejection or "
-                   "block at temperature > 0: sampled rows draw their drafts from the draft's "
+                   help="sampled, argmax or both (comma separated), with --method rejection, "
+                   "block or traversal (trees: argmax = deterministic children) at temperature "
+                   "> 0: sampled rows draw their drafts from the draft's "
                    "softmax and pass its rows as draft_probs (default), or propose its argmax "
                    "with no draft_probs (point masses); both run side by side on the same "
                    "prompts and seeds")
@@ -244,8 +245,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[E2EConfig, list[str]]:
     modes = tuple(m.strip() for m in args.draft_mode.split(",")) if args.draft_mode \
         else ("sampled",)
     if args.draft_mode and args.method is None:
-        raise ValueError("--draft-mode compares how sampled rows draft: give --method rejection "
-                         "or block")
+        raise ValueError("--draft-mode compares how sampled rows draft: give --method rejection, "
+                         "block or traversal")
     cfg = E2EConfig(target=args.target, draft=args.draft, runtime=runtime, dtype=args.dtype,
                     temperature=1.0 if args.temperature is None else args.temperature,
                     seed=args.seed, threads=args.threads, clock=args.clock,
@@ -392,10 +393,9 @@ def render_sweep(data: dict[str, Any], console: Any) -> None:
         console.print(f"  {m['method']}: {m['best']} ({m['scored_positions']} scored), "
                       f"{_fmt(m['tokens_per_s'], '.1f')} tokens/s, "
                       f"{_fmt(m['tokens_per_target_forward'])} tokens per target forward, "
-                      f"draft {_fmt(m['draft_share'], '.0%')} of the step; vs target-only "
+                      f"draft {_fmt(m['draft_share_all_trials'], '.0%')} of the step (all "
+                      f"trials); vs target-only "
                       f"{_ratio_interval(m['vs_target_only'])}{chain}")
-    # trees: tree methods appear here as "tree <rule>" rows once --tree runs in the sweep's
-    # runtime; their "vs best chain" is the tree/chain comparison on held-out prompts.
 
 
 def _batches(indices: list[int]) -> str:

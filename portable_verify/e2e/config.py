@@ -124,6 +124,9 @@ class E2EConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.ks or any(k < 1 for k in self.ks):
             raise ValueError(f"ks must be draft lengths >= 1, got {self.ks}")
+        if len(set(self.ks)) != len(self.ks) or len(set(self.drafters)) != len(self.drafters):
+            raise ValueError("each budget runs once: --k and --drafter list distinct values, "
+                             f"got --k {self.ks}, --drafter {self.drafters}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0 (0 keeps the default), got {self.threads}")
         if self.num_prompts > len(self.prompts):
@@ -173,14 +176,17 @@ class E2EConfig:
         if modes != ("sampled",) and (self.method not in ("rejection", "block", "traversal")
                                       or self.temperature == 0 or self.dense):
             raise ValueError("--draft-mode compares how sampled rows draft: it needs --method "
-                             "rejection or block at --temperature > 0 (no --dense); got method "
+                             "rejection, block or traversal at --temperature > 0 (no --dense); "
+                             "got method "
                              f"{self.method}, temperature {self.temperature}")
 
     def _check_trees(self) -> None:
         from portable_verify.e2e.tree_loop import TreeShape
 
-        for text in self.trees:
-            TreeShape.parse(text)
+        shapes = [TreeShape.parse(text) for text in self.trees]
+        if len(set(shapes)) != len(shapes):
+            raise ValueError(f"each tree runs once: --tree lists one shape twice, got "
+                             f"{','.join(self.trees)}")
         if self.method not in ("greedy", "rejection", "traversal"):
             raise ValueError("--tree runs with method greedy, rejection or traversal; got "
                              f"method {self.method}")
@@ -194,6 +200,9 @@ class E2EConfig:
             if name not in DRAFTERS:
                 raise ValueError(f"--drafter must be among {', '.join(sorted(DRAFTERS))}, got "
                                  f"{name!r}")
+        if self.draft == "ngram" and self.batch != 1:
+            raise ValueError("the ngram tree runs batch 1 (prompt lookup has no per-row tree "
+                             f"forward); got --batch {self.batch}")
         if (self.draft == "ngram") != ("ngram" in self.tree_drafters) \
                 or (self.draft == "ngram" and len(self.tree_drafters) > 1):
             raise ValueError("the ngram tree drafter and --draft ngram go together (prompt "

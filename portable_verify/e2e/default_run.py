@@ -60,7 +60,9 @@ def _best(data: dict[str, Any], trees: bool) -> dict[str, Any] | None:
 def best_tree(data: dict[str, Any], label: str) -> dict[str, Any] | None:
     """The best tree against the best chain: per-trial tokens/s ratio (mean, 95% interval),
     accepted tokens per target forward of each, and the tree's ceiling (tokens per forward if
-    every scored node on its deepest path were accepted: depth + 1)."""
+    every scored node on its deepest path were accepted: depth + 1). Both are chosen and
+    reported on the same trials, so the interval is optimistic (``--sweep`` holds prompts
+    out)."""
     tree, chain = _best(data, True), _best(data, False)
     if tree is None or chain is None:
         return None

@@ -55,6 +55,12 @@ class TokenHistory:
         idx = slots.detach().cpu().numpy().astype(np.int64).reshape(-1, slots.shape[-1]) \
             if slots.numel() else np.zeros((self.tokens.shape[0], 0), dtype=np.int64)
         idx = np.broadcast_to(idx, (self.tokens.shape[0], idx.shape[1]))
+        # Left-pack each row's kept slots and drop the columns no row keeps: a dropped slot
+        # must not stay as a dead column that every later lookup scans.
+        valid = idx >= 0
+        width = int(valid.sum(1).max()) if idx.size else 0
+        order = np.argsort(~valid, axis=1, kind="stable")[:, :width]
+        idx = np.where(np.take_along_axis(valid, order, 1), np.take_along_axis(idx, order, 1), -1)
         tail, live = self.tokens[:, mark:], self.alive[:, mark:]
         safe = np.clip(idx, 0, max(tail.shape[1] - 1, 0))
         kept = np.take_along_axis(tail, safe, 1) if tail.shape[1] else np.zeros_like(idx)

@@ -348,9 +348,9 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
                 run.accepted_per_step.append(m.accepted_tokens / m.row_steps if m.row_steps
                                              else float("nan"))
                 run.tokens_per_s.append(out.metrics.tokens_per_s)
-                if out.metrics.row_steps:
-                    run.accepted_per_forward.append(
-                        out.metrics.accepted_tokens / out.metrics.row_steps)
+                run.accepted_per_forward.append(  # one per trial, as the others
+                    out.metrics.accepted_tokens / out.metrics.row_steps if out.metrics.row_steps
+                    else float("nan"))
                 batch_tps[run.name] = out.metrics.tokens_per_s
                 done += 1
                 say(f"[{done}/{total}] round {rnd + 1}/{cfg.rounds}, prompts batch "
