@@ -19,7 +19,6 @@ reach the drafters as greedy drafting.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +26,10 @@ import numpy as np
 import torch
 from numpy.lib.stride_tricks import sliding_window_view
 
-from portable_verify.core import rng
 from portable_verify.e2e.tree_loop import (
     SAMPLED_REJECT_SCALE,
     SAMPLED_SIBLING_ACCEPT,
+    Drafter,
     Drafting,
     DraftTree,
     TreeShape,
@@ -54,13 +53,6 @@ def _rows(roots: Any, root_pos: Any, b: int) -> tuple[torch.Tensor, torch.Tensor
     r = torch.as_tensor(roots, dtype=torch.int64).reshape(-1).expand(b)
     p = torch.as_tensor(root_pos, dtype=torch.int64).reshape(-1).expand(b)
     return r, p
-
-
-def _uniforms(how: Drafting, offset: int, cols: int) -> torch.Tensor:
-    """``[B, cols]`` draft uniforms of this step on the stream ``offset``, per request seed."""
-    b = how.seeds.shape[0]
-    offsets = torch.full((b,), how.step + offset, dtype=torch.int64)
-    return rng.uniforms_torch(how.seeds.cpu(), offsets, cols)
 
 
 def _draw_children(q: torch.Tensor, u: torch.Tensor, iid: bool) -> torch.Tensor:
@@ -98,7 +90,7 @@ def _children(logits: torch.Tensor, w: int, how: Drafting, depth: int
         return tokens, factor, None
     q = torch.softmax(logits / how.temperature, -1)
     b, e = q.shape[:2]
-    u = _uniforms(how, DYNAMIC_OFFSET + (depth << 32), e * w).reshape(b, e, w)
+    u = how.uniforms(DYNAMIC_OFFSET + (depth << 32), e * w).reshape(b, e, w)
     tokens = _draw_children(q, u, how.children == "iid")
     return tokens, _row_values(q, w).expand(b, e, w), q
 
@@ -325,8 +317,6 @@ class NgramTreeDrafter:
                          parents=torch.from_numpy(parents), depths=torch.from_numpy(depths),
                          draft_slots=torch.full((b, n), -1, dtype=torch.int64))
 
-
-Drafter = Callable[..., DraftTree]
 
 DRAFTERS: dict[str, Drafter] = {
     "spine": draft_tree,
