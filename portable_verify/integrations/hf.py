@@ -48,7 +48,8 @@ PROB_METHODS: frozenset[str] = frozenset(m for m in LOOP_METHODS
 DRAFT_MODES: tuple[str, ...] = ("sampled", "argmax")
 """How sampled rows draft: draws from the draft's tempered softmax, whose rows then reach the
 verifier as ``draft_probs``; or the draft's argmax, passed as point masses (no ``draft_probs``).
-Both are exact; block-style rules gain over token-wise rejection only with sampled drafts."""
+Both are exact; which pays more, and where block verification gains, is measured side by
+side in docs/e2e.md ("Sampled against argmax drafts")."""
 DRAFT_OFFSET = 1 << 40
 """Added to the step counter for the draft's own uniforms, so they never reuse the verifier's."""
 PLAIN_HEAD_MODEL_TYPES: frozenset[str] = frozenset({"llama", "mistral", "qwen2", "qwen3"})
