@@ -74,7 +74,7 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     sampled rows take block verification (``block.py``) instead of ``options``' rule.
 
     ``target`` holds the flat rows ``[..., V]`` (C-contiguous); it and ``drafts`` may also be
-    contiguous float32 / int64 CPU tensors, read in place (numpy views).
+    contiguous float32 / int64 CPU tensors, read in place.
     """
     arrays = call_arrays(rows, counts, q, qrows, temps, uniforms, seeds, offsets, bonus)
     return _decide(target, drafts, arrays,
@@ -85,14 +85,19 @@ def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np
             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
     """:func:`decide_arrays` with the options already a record and the arrays a tuple
     (:func:`host.call_arrays`; positional: this runs on every call, and keyword dictionaries
-    cost more than a small call's decision). Tensors enter as numpy views: one entry kernel
-    (``block.decide``) for arrays and tensors alike (docs/decisions.md, "The first call")."""
+    cost more than a small call's decision). A small call on tensors enters them by address
+    (``block.decide_at``): two numpy views cost more than its whole decision."""
     b, k = drafts.shape
     v = target.shape[-1]
     if v == 0 and b > 0:
         raise ValueError("the target has an empty vocabulary dimension")
     outs = _outputs(b, k)
     threads = 1 if b * k * v < PARALLEL_MIN_VALUES else threads_for(b * k * v, b)
+    if threads == 1 and type(target) is torch.Tensor and type(drafts) is torch.Tensor:
+        r = b * (k + 1) if arrays[0].shape[0] == 0 else target.shape[0]  # target is [R, V]
+        error = numba_block.decide_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, arrays,
+                                      record, *outs)
+        return (*outs, error == 0)
     before = (host_array(target, np.float32).reshape(-1, v), host_array(drafts, np.int64),
               arrays, record)
     error = run_split(numba_block.decide, b, threads, before, (outs,))

@@ -37,6 +37,7 @@ from portable_verify.backends.numba.chain import (
     _key_of,
     _not_a_distribution,
     _one,
+    _pointer,
     _target_row,
     _u,
     draw,
@@ -299,3 +300,15 @@ def decide(target, drafts, arrays, options, lo, hi, outs):
     for i in range(lo, hi):
         error = max(error, _one(target, drafts, arrays, o, i, chain_work, outs))
     return error
+
+
+@numba.njit(**JIT)
+def decide_at(target_address, n_rows, v_size, drafts_address, b, k, arrays, options, tokens,
+              accepted, emitted, n_drafts):
+    """:func:`decide` (all requests: small calls) on contiguous torch tensors given by address:
+    making their numpy views costs more than a small call's whole decision (docs/decisions.md,
+    "The first call"). The outputs come one by one (see ``chain.greedy_at``)."""
+    target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
+    drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
+    outs = (tokens, accepted, emitted, n_drafts)
+    return decide(target, drafts, arrays, options, np.int64(0), b, outs)  # one signature
