@@ -33,11 +33,7 @@ from portable_verify.backends.numba.host import (
 )
 from portable_verify.core import methods
 from portable_verify.core.arguments import request_seeds
-from portable_verify.core.constants import (
-    FLOAT32_MAX,
-    PROB_SUM_ATOL,
-    PROB_SUM_ATOL_HALF,
-)
+from portable_verify.core.constants import FLOAT32_MAX, PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyCall, VerifyInputs
 
