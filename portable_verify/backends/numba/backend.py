@@ -70,33 +70,33 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     sampled rows take block verification (``block.py``) instead of ``options``' rule.
 
     ``target`` holds the flat rows ``[..., V]`` (C-contiguous); it and ``drafts`` may also be
-    contiguous float32 / int64 CPU tensors, read in place by address.
+    contiguous float32 / int64 CPU tensors, read in place.
     """
     arrays = call_arrays(rows, counts, q, qrows, temps, uniforms, seeds, offsets, bonus)
-    return _decide(target, drafts, arrays, options_record(is_logits=is_logits, **options), block)
+    return _decide(target, drafts, arrays,
+                   options_record(is_logits=is_logits, block=block, **options))
 
 
-def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np.ndarray,
-            block: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
     """:func:`decide_arrays` with the options already a record and the arrays a tuple
     (:func:`host.call_arrays`; positional: this runs on every call, and keyword dictionaries
-    cost more than a small call's decision)."""
+    cost more than a small call's decision). A small call on tensors enters them by address
+    (``block.decide_at``): two numpy views cost more than its whole decision."""
     b, k = drafts.shape
     v = target.shape[-1]
     if v == 0 and b > 0:
         raise ValueError("the target has an empty vocabulary dimension")
-    r = b * (k + 1) if arrays[0].shape[0] == 0 else target.shape[0]  # rows: target is [R, V]
     outs = _outputs(b, k)
     threads = 1 if b * k * v < PARALLEL_MIN_VALUES else threads_for(b * k * v, b)
-    if (threads == 1 and not block and type(target) is torch.Tensor
-            and type(drafts) is torch.Tensor):
-        error = kernels.decide_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, arrays,
-                                  record, *outs)
+    if threads == 1 and type(target) is torch.Tensor and type(drafts) is torch.Tensor:
+        r = b * (k + 1) if arrays[0].shape[0] == 0 else target.shape[0]  # target is [R, V]
+        error = numba_block.decide_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, arrays,
+                                      record, *outs)
         return (*outs, error == 0)
-    target = host_array(target, np.float32).reshape(-1, v)
-    kernel = numba_block.decide_block if block else kernels.decide
-    before = (target, host_array(drafts, np.int64), arrays, record)
-    error = run_split(kernel, b, threads, before, (outs,))
+    before = (host_array(target, np.float32).reshape(-1, v), host_array(drafts, np.int64),
+              arrays, record)
+    error = run_split(numba_block.decide, b, threads, before, (outs,))
     return (*outs, error == 0)
 
 
@@ -178,13 +178,14 @@ class NumbaBackend(Backend):
                 raise methods.unknown_rule(method, "numba:cpu", methods.CHAIN)
             record = call_record(call.target_name == "target_logits", all_greedy,
                                  options.typical if method == "typical" else None, check,
-                                 seed_mode, seed_scalar, offset_scalar, temp_scalar)
+                                 seed_mode, seed_scalar, offset_scalar, temp_scalar,
+                                 PROB_SUM_ATOL, PROB_SUM_ATOL, 0, 0, method == "block")
             arrays = call_arrays(
                 EMPTY_I64_2 if call.rows is None else call.rows, counts,
                 EMPTY_F32_2 if call.draft_probs is None else call.draft_probs,
                 EMPTY_I64_2 if call.draft_rows is None else call.draft_rows, temps, uniforms,
                 seeds, offsets, bonus)
-            out = _decide(call.target, call.drafts, arrays, record, method == "block")
+            out = _decide(call.target, call.drafts, arrays, record)
         if not out[4]:
             raise ReadValueError("a value the decision reads is invalid")
         return out[:4]
@@ -225,13 +226,12 @@ class NumbaBackend(Backend):
     def run_tree(self, inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tree walk as one kernel (``backends/numba/tree.py``; traversal verification:
         ``backends/numba/traversal.py``)."""
-        from portable_verify.backends.numba.traversal import traversal_arrays  # compile on
-        from portable_verify.backends.numba.tree import tree_arrays  # first use
+        from portable_verify.backends.numba.traversal import walk  # compile on first use
+        from portable_verify.backends.numba.tree import tree_arrays
 
         if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:
             raise methods.unknown_rule(inputs.sampled_method, "numba:cpu", methods.TREE)
-        walk = traversal_arrays if inputs.sampled_method == "traversal" else tree_arrays
-        tokens, nodes, accepted, ok = walk(inputs)
+        tokens, nodes, accepted, ok = tree_arrays(inputs, walk)
         if not ok:
             raise ReadValueError("a value the tree walk reads is invalid")
         return torch.from_numpy(tokens), torch.from_numpy(nodes), torch.from_numpy(accepted)

@@ -7,8 +7,9 @@ exponentials recomputed: in this kernel that costs no more than keeping ``K`` ro
 and one draw. The residual ``Z_j`` is computed on is the row the draw reads when the scan
 stops there, so it is drawn from where it lies.
 
-:func:`decide_block` has :func:`chain.decide`'s signature, so the backend runs it over
-request ranges on the same worker threads (bit-identical at any thread count). Counts,
+:func:`decide` is the chain family's one entry kernel: block requests here, the others
+through ``chain._one``; the backend runs it over request ranges on its worker threads
+(bit-identical at any thread count). Counts,
 greedy rows, uniforms, the caller's bonus and the ``O(K)`` checks are the rejection kernel's
 own helpers. Under ``options.check`` every target row ``j <= n`` and draft row ``j < n`` of
 every request is checked, as ``validate="full"`` does: the rows the scan reads depend on the
@@ -23,6 +24,7 @@ import numba
 import numpy as np
 
 from portable_verify.backends.numba.chain import (
+    DRAW_BLOCK,
     DRAW_COUNTER,
     ERROR_NONE,
     _bad_logit_max,
@@ -34,12 +36,15 @@ from portable_verify.backends.numba.chain import (
     _greedy_request,
     _key_of,
     _not_a_distribution,
+    _one,
+    _pointer,
     _target_row,
     _u,
     draw,
     normal_temperature,
 )
 from portable_verify.backends.numba.rows import (
+    INNER,
     JIT,
     _add_reassoc,
     _exp32,
@@ -53,7 +58,7 @@ _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _residual_part(p, s, scale, q, x, out):
     """``out = max(scale * (p / s) - q, 0)`` over one part (``q`` one-hot at ``x`` when empty),
     float32 ops in the reference's order (no contraction; ``p / 1`` is ``p``, so probabilities
@@ -75,7 +80,7 @@ def _residual_part(p, s, scale, q, x, out):
     return total
 
 
-@numba.njit(**JIT, fastmath={"contract"})
+@numba.njit(**JIT, **INNER, fastmath={"contract"})
 def _exp_sum_part(row, m, t):
     """float32 sum of ``exp((row - m) / t)`` over one part, nothing stored: ``P_j`` needs only
     each row's normaliser, and a pass that writes the row costs more (docs/benchmarks.md,
@@ -86,7 +91,7 @@ def _exp_sum_part(row, m, t):
     return total
 
 
-@numba.njit(**JIT, fastmath={"contract"})
+@numba.njit(**JIT, **INNER, fastmath={"contract"})
 def _normaliser(row, t, x):
     """``(max, sum, e_x)`` of a logits row in one read of it: part by part, the running max
     (a part's own max first, while it is in L1) and the float64 sum of ``exp((row - max) / t)``,
@@ -131,7 +136,7 @@ def _residual(target, drafts, arrays, is_logits, i, j, scale, tf, work):
     return total
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _chain(target, drafts, arrays, is_logits, i, n, tf, work):
     """``chain[j] = P_j`` for ``j < n`` (float32, as the reference); from logits also each
     row's maximum and the float64 sum of its exponentials (``maxes[j]``, ``sums[j]``), all
@@ -167,7 +172,7 @@ def _chain(target, drafts, arrays, is_logits, i, n, tf, work):
         chain[j] = prev
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _scan(target, drafts, arrays, is_logits, i, n, key, tf, work):
     """The backward scan: ``a``. Where it stops at ``j < n-1`` the residual of row ``a = j+1``
     (``Z_j``'s terms) is left in ``work``'s ``out``."""
@@ -229,7 +234,7 @@ def _block_token(target, drafts, arrays, o, i, a, n, tf, v, work):
     return draw(p, v)[0]
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _block_one(target, drafts, arrays, o, i, work, outs):
     """Request ``i`` from its count to its emission; returns its flag."""
     rows, counts, _, _, temps, explicit_u, _, _, bonus = arrays
@@ -258,19 +263,52 @@ def _block_one(target, drafts, arrays, o, i, work, outs):
 
 
 @numba.njit(**JIT)
-def decide_block(target, drafts, arrays, options, lo, hi, outs):
-    """:func:`chain.decide` for ``method="block"``: requests ``lo .. hi-1``; returns
-    ``ERROR_VALUE`` when ``options.check`` is set and a row or value is invalid."""
+def decide(target, drafts, arrays, options, lo, hi, outs):
+    """Fill ``outs`` (token ids, accepted, emitted, reported counts) for requests ``lo ..
+    hi-1``; return ``ERROR_VALUE`` when ``options.check`` is set and a value the decision
+    reads is invalid (docs/semantics.md, Validation). Disjoint request ranges may run at once
+    on several threads (the kernel releases the GIL; a request's result depends only on its
+    own inputs).
+
+    The chain family's one entry kernel, every chain rule: ``options.block`` sends sampled
+    requests through block verification (:func:`_block_one`), else rejection sampling or
+    typical acceptance (``chain._one``). Why one entry and not one per rule: numba optimises
+    and emits each entry's whole call tree again, so a second entry would compile the shared
+    helpers (counts, greedy rows, uniforms, draws) once more; it lives here because this
+    module imports the chain's.
+
+    ``arrays`` (``chain.ARRAYS``): ``rows`` / ``qrows`` empty: the padded layout (request
+    ``i``, position ``j`` is row ``i*(K+1) + min(j, n_i)`` / ``i*K + j``). ``counts`` empty:
+    every request has ``K`` drafts. ``temps`` empty: every request has ``temp_scalar``.
+    Uniforms: ``uniforms`` if not empty, else the counter hash of a per-request seed and offset
+    (``chain.OPTIONS``). ``bonus`` (empty: drawn here): the caller's token for a request that
+    accepted every draft.
+    """
     k = drafts.shape[1]
     v_size = target.shape[1]
-    maxes = np.empty(k, dtype=np.float32)
-    sums = np.empty(k, dtype=np.float64)
-    chain = np.empty(k, dtype=np.float32)
-    scratch = np.empty(v_size, dtype=np.float32)
-    out = np.empty(v_size, dtype=np.float32)
-    work = (maxes, sums, chain, scratch, out)
     o = options[0]
     error = ERROR_NONE
+    if o.block:
+        block_work = (np.empty(k, dtype=np.float32), np.empty(k, dtype=np.float64),
+                      np.empty(k, dtype=np.float32), np.empty(v_size, dtype=np.float32),
+                      np.empty(v_size, dtype=np.float32))  # maxes, sums, chain, scratch, out
+        for i in range(lo, hi):
+            error = max(error, _block_one(target, drafts, arrays, o, i, block_work, outs))
+        return error
+    chain_work = (np.empty(v_size, dtype=np.float32), np.empty(v_size, dtype=np.float32),
+                  np.empty((v_size + DRAW_BLOCK - 1) // DRAW_BLOCK, dtype=np.float64))
     for i in range(lo, hi):
-        error = max(error, _block_one(target, drafts, arrays, o, i, work, outs))
+        error = max(error, _one(target, drafts, arrays, o, i, chain_work, outs))
     return error
+
+
+@numba.njit(**JIT)
+def decide_at(target_address, n_rows, v_size, drafts_address, b, k, arrays, options, tokens,
+              accepted, emitted, n_drafts):
+    """:func:`decide` (all requests: small calls) on contiguous torch tensors given by address:
+    making their numpy views costs more than a small call's whole decision (docs/decisions.md,
+    "The first call"). The outputs come one by one (see ``chain.greedy_at``)."""
+    target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
+    drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
+    outs = (tokens, accepted, emitted, n_drafts)
+    return decide(target, drafts, arrays, options, np.int64(0), b, outs)  # one signature

@@ -26,6 +26,7 @@ from numba.extending import intrinsic
 
 from portable_verify.backends.numba.rows import (
     _CHUNK,
+    INNER,
     JIT,
     _chunk_max,
     _exp_row,
@@ -67,7 +68,7 @@ OPTIONS = np.dtype([
     ("check", np.bool_), ("seed_mode", np.int64), ("seed_scalar", np.int64),
     ("offset_scalar", np.int64), ("temp_scalar", np.float64),
     ("eps", np.float64), ("alpha", np.float64), ("atol", np.float64), ("q_atol", np.float64),
-    ("children", np.int64), ("max_depth", np.int64),
+    ("children", np.int64), ("max_depth", np.int64), ("block", np.bool_),
 ], align=True)
 """A call's options and scalars as one record (a 1-element array of it goes down to the
 kernel), chain and tree kernels alike; ``host.call_record`` builds it (the one place).
@@ -76,7 +77,9 @@ kernel), chain and tree kernels alike; ``host.call_record`` builds it (the one p
 when ``offsets`` is empty; ``temp_scalar`` when ``temps`` is empty; ``eps`` / ``alpha``: the
 typical parameters (:func:`typical_threshold`); ``atol`` / ``q_atol``: the sum tolerance of
 target / draft probability rows; ``children`` / ``max_depth``: a tree walk's children code
-and depth cap (0 in chain calls)."""
+and depth cap (0 in chain calls); ``block``: sampled requests take block verification (a
+chain call) or traversal verification (a tree walk), the rule each family's one entry kernel
+branches on (``block.decide``, ``traversal.walk``)."""
 
 ARRAYS = ("rows", "counts", "q", "qrows", "temps", "uniforms", "seeds", "offsets", "bonus")
 """The order of the chain kernels' array tuple (``host.call_arrays`` builds it): target row
@@ -102,7 +105,7 @@ def _uniform(key, counter):
     return np.float32(bits + np.uint64(1)) * UNIFORM_SCALE
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def row_seed(seed, row):
     """core/rng.row_seeds for one row: the seed of request ``row`` under one batch seed."""
     s = np.uint64(seed)
@@ -111,7 +114,7 @@ def row_seed(seed, row):
     return np.int64((_mix32(r ^ k) << np.uint64(31)) ^ _mix32(r ^ (k ^ COUNTER_SALT)))
 
 
-@numba.njit(fastmath={"reassoc"}, **JIT)
+@numba.njit(fastmath={"reassoc"}, **JIT, **INNER)
 def _block_sum(block):
     """float64 sum of a float32 slice, reassociated so that it vectorises (not inlined by numba:
     its fast-math flag would be lost in a caller compiled without it)."""
@@ -121,7 +124,7 @@ def _block_sum(block):
     return s
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def draw(w, v):
     """Smallest ``t`` with ``cumsum(w)[t] >= v * sum(w)`` in float64, and the total.
 
@@ -133,7 +136,7 @@ def draw(w, v):
     return _pick(w, sums, total, v, -1), total
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def draw_checked(w, v, atol):
     """:func:`draw`, and whether ``w`` is not a distribution (a negative or NaN entry, or a
     total not within ``atol`` of 1), found on the draw's own pass over the row."""
@@ -401,7 +404,7 @@ def _greedy_one(target, drafts, counts, bonus, is_logits, check, i, outs):
 
 @numba.njit(**JIT)
 def greedy(target, drafts, counts, bonus, is_logits, check, lo, hi, outs):
-    """:func:`decide` for requests ``lo .. hi-1`` of a padded call whose every row is greedy
+    """:func:`block.decide` for requests ``lo .. hi-1`` of a padded call whose every row is greedy
     (of the call's arrays only the two it reads: numba enters a call argument by argument).
 
     Its two options come as two flags, not the record: the greedy path is the cheapest call,
@@ -489,7 +492,7 @@ def _softmax_sums(row, tf, scratch, sums, typical, check):
     return _exp_sums(row, m, tf, scratch, sums), 0.0, bad
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def accept_prefix(target, drafts, arrays, o, i, n, tf, key, work):
     """The first half of the numpy family's ``verify_one`` for a sampled request:
     ``(accepted, s, error)``, the length of the accepted prefix of its ``n`` drafts and, for
@@ -531,7 +534,7 @@ def accept_prefix(target, drafts, arrays, o, i, n, tf, key, work):
     return n, s, error
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _residual_token(p, s, sums, qrow, x, v, o, scratch_residual):
     """After a rejection of draft ``x``: a draw from ``max(p - q, 0)`` (``q`` one-hot at ``x``
     without draft probabilities), from ``p`` when that is empty. ``(token, error)``. For
@@ -567,7 +570,7 @@ def _residual_token(p, s, sums, qrow, x, v, o, scratch_residual):
     return (x if in_vocab else draw(p, v)[0]), error
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def final_token(target, drafts, arrays, o, i, accepted, n, s, tf, key, work):
     """The second half of the numpy family's ``verify_one`` for a sampled request: the token
     after ``accepted`` drafts (typical: the argmax after a rejection; rejection sampling: a
@@ -605,9 +608,10 @@ def final_token(target, drafts, arrays, o, i, accepted, n, s, tf, key, work):
     return token, max(error, bad)
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _one(target, drafts, arrays, o, i, work, outs):
-    """Request ``i`` from its count to its emission (written once); returns its flag."""
+    """Request ``i`` from its count to its emission (written once); returns its flag.
+    ``work``: ``(scratch, scratch_residual, sums)`` (``block.decide`` allocates them)."""
     rows, counts, _, _, temps, explicit_u, _, _, bonus = arrays
     v_size = target.shape[1]
     n, n_raw, reported, bad = _count(counts, drafts, i, o.check)
@@ -631,40 +635,3 @@ def _one(target, drafts, arrays, o, i, work, outs):
             error = max(error, bad)
     _emit(outs, drafts, bonus, i, accepted, n_raw, final)
     return error
-
-
-@numba.njit(**JIT)
-def decide(target, drafts, arrays, options, lo, hi, outs):
-    """Fill ``outs`` (token ids, accepted, emitted, reported counts) for requests ``lo ..
-    hi-1``; return ``ERROR_VALUE`` when ``options.check`` is set and a value the decision
-    reads is invalid (docs/semantics.md, Validation). Disjoint request ranges may run at once
-    on several threads (the kernel releases the GIL; a request's result depends only on its
-    own inputs).
-
-    ``arrays`` (:data:`ARRAYS`): ``rows`` / ``qrows`` empty: the padded layout (request
-    ``i``, position ``j`` is row ``i*(K+1) + min(j, n_i)`` / ``i*K + j``). ``counts`` empty:
-    every request has ``K`` drafts. ``temps`` empty: every request has ``temp_scalar``.
-    Uniforms: ``uniforms`` if not empty, else the counter hash of a per-request seed and offset
-    (:data:`OPTIONS`). ``bonus`` (empty: drawn here): the caller's token for a request that
-    accepted every draft.
-    """
-    v_size = target.shape[1]
-    scratch = np.empty(v_size, dtype=np.float32)
-    scratch_residual = np.empty(v_size, dtype=np.float32)
-    sums = np.empty((v_size + DRAW_BLOCK - 1) // DRAW_BLOCK, dtype=np.float64)
-    work = (scratch, scratch_residual, sums)
-    o = options[0]
-    error = ERROR_NONE
-    for i in range(lo, hi):
-        error = max(error, _one(target, drafts, arrays, o, i, work, outs))
-    return error
-
-
-@numba.njit(**JIT)
-def decide_at(target_address, n_rows, v_size, drafts_address, b, k, arrays, options, tokens,
-              accepted, emitted, n_drafts):
-    """:func:`decide` on contiguous torch tensors given by address (see :func:`greedy_at`)."""
-    target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
-    drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
-    outs = (tokens, accepted, emitted, n_drafts)
-    return decide(target, drafts, arrays, options, np.int64(0), b, outs)  # one signature

@@ -42,8 +42,8 @@ KERNEL_MODULES = ("portable_verify.backends.numba.chain", "portable_verify.backe
                   "portable_verify.backends.numba.traversal")
 """Every module holding cached kernels (the chain, block and tree kernels and row passes)."""
 
-ENTRY_KERNELS = ("chain.greedy", "chain.greedy_at", "chain.decide", "chain.decide_at",
-                 "block.decide_block", "tree.walk", "traversal.walk")
+ENTRY_KERNELS = ("chain.greedy", "chain.greedy_at", "block.decide", "block.decide_at",
+                 "traversal.walk")
 """The kernels the backend calls: the cache is warm when each has a signature for this CPU."""
 
 CHAIN_RULES = ("rejection", "typical", "block")

@@ -57,6 +57,12 @@ def _cache_usable() -> bool:
 JIT = {"nogil": True, "cache": _cache_usable()}
 """The options of every kernel of the numba backend (``**JIT``)."""
 
+INNER = {"no_cpython_wrapper": True, "no_cfunc_wrapper": True}
+"""Added to ``JIT`` for a compiled function that only other compiled functions call (``**JIT,
+**INNER``): numba then builds no Python or C entry for it. Why: those wrappers (unboxing every
+tuple, record and array argument) were about a tenth of a cold build's CPU time, and only the
+entry kernels and the row passes the tests call are entered from Python."""
+
 
 _INF_BITS = np.int32(0x7F800000)  # abs(bits) above this is NaN
 _NEG_INF_KEY = np.int32(-2139095041)  # key of -inf: 0xff800000 ^ 0x7fffffff = 0x807fffff

@@ -35,14 +35,21 @@ from portable_verify.backends.numba.chain import (
     draw,
     normal_temperature,
 )
-from portable_verify.backends.numba.rows import JIT, _exp_row, copy_row, exp_sum, row_max, row_stats
+from portable_verify.backends.numba.rows import (
+    INNER,
+    JIT,
+    _exp_row,
+    copy_row,
+    exp_sum,
+    row_max,
+    row_stats,
+)
 from portable_verify.backends.numba.tree import (
     _bad_structure,
     _children,
     _greedy_walk,
-    tree_arrays,
+    _sampled_walk,
 )
-from portable_verify.core.tree import TreeInputs
 
 _ONE = np.float32(1.0)
 _ZERO = np.float32(0.0)
@@ -66,7 +73,7 @@ def _weight(w, r, s):
     return min(np.float32(w) * r / s, _ONE)
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _residual_row(p, scale, w32, qrow, x, out):
     """``out = max(w32 * (p / scale) - q, 0)`` (``q`` one-hot at ``x`` when ``qrow`` is
     empty) with block's parts; the float64 total of their float32 sums (``S``)."""
@@ -79,7 +86,7 @@ def _residual_row(p, scale, w32, qrow, x, out):
     return total
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _enter(rows, d, has_kids, tf, o, mode, fs, ns):
     """Read node ``d``'s rows on entry; returns whether a value read is invalid. With children:
     from logits the row's max and sum (block's normaliser) and the first child's exponential;
@@ -127,7 +134,7 @@ def _q_at(q, c, x, mode, qbuf, ns):
     return q[c, x]
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _reject(rows, a, x, tf, o, mode, fs, ns, w, bufs, qbuf, scratch):
     """Fold the rejected child (token ``x``) into its parent ``a``: ``r =
     max(W R - Q, 0)`` with the weight and ``Q`` before the update; ``S > 0``: ``W = S / (S + 1
@@ -167,7 +174,7 @@ def _reject(rows, a, x, tf, o, mode, fs, ns, w, bufs, qbuf, scratch):
                 qbuf[j] = qbuf[j] / qt
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _descend(rows, tree, i, c, tf, o, mode, fs, ns, w, bufs, qbufs):
     """From ``c``, enter next children down to a node with none left: ``(node, bad)``.
     ``tree``: ``(tokens, first, after, max_depth)``; rows are request ``i``'s ``[N, V]``."""
@@ -192,7 +199,7 @@ def _descend(rows, tree, i, c, tf, o, mode, fs, ns, w, bufs, qbufs):
     return c, bad
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _traverse_one(rows, tree, parents, i, u, tf, o, mode, state, work, path):
     """``(accepted, final, bad)`` of request ``i``: the post-order walk (descend to the first
     remaining leaf, test it, fold a rejection into its parent), then the one draw from the
@@ -242,25 +249,26 @@ def _traverse_one(rows, tree, parents, i, u, tf, o, mode, state, work, path):
 @numba.njit(**JIT)
 def walk(target, tokens, arrays, options, lo, hi, outs):
     """Fill ``outs`` (token ids, node ids, accepted) for requests ``lo .. hi-1``; returns 1
-    when ``options.check`` is set and a value the walk reads is invalid. The arguments are the
-    token-level walk's (``tree.walk``): flat ``[B*N, V]`` target rows, :data:`tree.ARRAYS`
-    (``q`` a dummy for deterministic children), the record with the children code and the
-    depth cap. Disjoint request ranges may run at once (nogil)."""
+    when ``options.check`` is set and a value the walk reads is invalid. ``target``: flat
+    ``[B*N, V]`` rows; ``arrays``: :data:`tree.ARRAYS` (``q`` a dummy for deterministic
+    children; ``u`` ``[B, N]``, empty when every row is greedy); the children code and the
+    depth cap are the record's. Disjoint request ranges may run at once (nogil).
+
+    The tree family's one entry kernel: ``options.block`` sends sampled requests through this
+    module's traversal walk, else the token-level walk (``tree._sampled_walk``; greedy rows
+    through ``tree._greedy_walk`` in both). One entry, not one per rule: numba optimises and
+    emits each entry's whole call tree again, so a second entry compiles the shared walks
+    and row passes once more."""
     o = options[0]
-    parents, num_nodes, q, temps, u = arrays
+    parents, num_nodes, _, temps, _ = arrays
     out_tokens, out_nodes, out_accepted = outs
-    mode, max_depth = o.children, o.max_depth
     n_slots = tokens.shape[1]
     v_size = target.shape[1]
     first = np.empty(n_slots, dtype=np.int64)
     after = np.empty(n_slots, dtype=np.int64)
     path = np.empty(n_slots, dtype=np.int64)
-    levels = min(max_depth, n_slots - 1) + 1
-    state = (np.empty((5, n_slots), dtype=np.float32), np.empty((5, n_slots), dtype=np.int64),
-             np.empty(n_slots, dtype=np.float64))
-    work = (np.empty((levels, 2, v_size), dtype=np.float32),
-            np.empty((levels, v_size if mode == 2 else 0), dtype=np.float32),
-            np.empty(v_size if o.is_logits else 0, dtype=np.float32))
+    token_work = _token_work(o, v_size, path)
+    state, work = _traversal_work(o, n_slots, v_size)
     error = 0
     for i in range(lo, hi):
         n = min(max(num_nodes[i], 1), n_slots)  # garbage (validate=False) clamped
@@ -270,11 +278,15 @@ def walk(target, tokens, arrays, options, lo, hi, outs):
         t = np.float64(temps[i])
         if o.all_greedy or t == 0:
             a, final, bad = _greedy_walk(target, tokens, o, i, (first, after), path)
-        else:
+        elif o.block:
             lo_row, hi_row = i * n_slots, (i + 1) * n_slots
-            a, final, bad = _traverse_one((target[lo_row:hi_row], q[lo_row:hi_row]),
-                                          (tokens, first, after, max_depth), parents, i, u,
-                                          normal_temperature(t), o, mode, state, work, path)
+            a, final, bad = _traverse_one((target[lo_row:hi_row], arrays[2][lo_row:hi_row]),
+                                          (tokens, first, after, o.max_depth), parents, i,
+                                          arrays[4], normal_temperature(t), o, o.children,
+                                          state, work, path)
+        else:
+            a, final, bad = _sampled_walk(target, tokens, arrays, o, i, normal_temperature(t),
+                                          (first, after), token_work)
         error = max(error, 1 if bad else 0)
         out_accepted[i] = a
         for j in range(out_tokens.shape[1]):
@@ -283,7 +295,24 @@ def walk(target, tokens, arrays, options, lo, hi, outs):
     return error
 
 
-def traversal_arrays(inputs: TreeInputs) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """``(token_ids, node_ids, num_accepted, ok)`` from validated torch CPU tree inputs: the
-    token-level walk's host glue with this walk as its kernel."""
-    return tree_arrays(inputs, walk)
+@numba.njit(inline="always", **JIT)
+def _token_work(o, v_size, path):
+    """The token-level walk's rows ``(scratch, qbuf, res, path)``; empty for a traversal call."""
+    v = 0 if o.block else v_size
+    return (np.empty(v, dtype=np.float32),
+            np.empty(v if o.children == 2 else 0, dtype=np.float32),
+            np.empty((2, v), dtype=np.float32), path)
+
+
+@numba.njit(inline="always", **JIT)
+def _traversal_work(o, n_slots, v_size):
+    """The traversal walk's per-node state ``(fs, ns, w)`` and per-level rows ``(bufs, qbufs,
+    scratch)``; empty (no rows) for a token-level call."""
+    levels = min(o.max_depth, n_slots - 1) + 1 if o.block else 0
+    v = v_size if o.block else 0
+    state = (np.empty((5, n_slots), dtype=np.float32), np.empty((5, n_slots), dtype=np.int64),
+             np.empty(n_slots, dtype=np.float64))
+    work = (np.empty((levels, 2, v), dtype=np.float32),
+            np.empty((levels, v if o.children == 2 else 0), dtype=np.float32),
+            np.empty(v if o.is_logits else 0, dtype=np.float32))
+    return state, work

@@ -32,7 +32,6 @@ from portable_verify.backends.numba.chain import (
     _softmax_row,
     draw,
     draw_checked,
-    normal_temperature,
     typical_threshold,
 )
 from portable_verify.backends.numba.host import (
@@ -44,6 +43,7 @@ from portable_verify.backends.numba.host import (
     threads_for,
 )
 from portable_verify.backends.numba.rows import (
+    INNER,
     JIT,
     copy_row,
     entropy,
@@ -102,7 +102,7 @@ def _bad_structure(tokens, arrays, o, i, v_size, depth):
     return bad
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _greedy_walk(target, tokens, o, i, links, path):
     """``(accepted, final, bad)``: descend into the lowest-index child equal to the row's
     argmax; the first unmatched argmax is the final token. ``links``: ``(first, after)``."""
@@ -128,7 +128,7 @@ def _greedy_walk(target, tokens, o, i, links, path):
         node = c
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _test_children(p, s, p_is_ours, qrow, qbuf, res, tokens, u, i, c, after, mode):
     """Rejection sampling over the children ``c, after[c], ...`` of one node (``mode`` 0
     deterministic, 1 iid, 2 without replacement); ``p`` is the node's row (``s`` its scale;
@@ -177,7 +177,7 @@ def _test_children(p, s, p_is_ours, qrow, qbuf, res, tokens, u, i, c, after, mod
     return -1, which
 
 
-@numba.njit(**JIT)
+@numba.njit(**JIT, **INNER)
 def _sampled_walk(target, tokens, arrays, o, i, tf, links, work):
     """``(accepted, final, bad)`` of a sampled request: enter a node (its row's softmax, entropy
     and checks), test its children (typical: the first passing; rejection: the residual
@@ -241,50 +241,11 @@ def _argmax_of(p, is_logits):
     return row_argmax(p)
 
 
-@numba.njit(**JIT)
-def walk(target, tokens, arrays, options, lo, hi, outs):
-    """Fill ``outs`` (token ids, node ids, accepted) for requests ``lo .. hi-1``; returns 1
-    when ``options.check`` is set and a value the walk reads is invalid. ``target``: flat
-    ``[B*N, V]`` rows; ``arrays``: :data:`ARRAYS` (``q`` a dummy for deterministic children;
-    ``u`` ``[B, N]``, empty when every row is greedy); the children code and the depth cap are
-    the record's. Disjoint request ranges may run at once (the kernel releases the GIL)."""
-    o = options[0]
-    parents, num_nodes, _, temps, _ = arrays
-    out_tokens, out_nodes, out_accepted = outs
-    n_slots = tokens.shape[1]
-    v_size = target.shape[1]
-    first = np.empty(n_slots, dtype=np.int64)
-    after = np.empty(n_slots, dtype=np.int64)
-    path = np.empty(n_slots, dtype=np.int64)
-    scratch = np.empty(v_size, dtype=np.float32)
-    qbuf = np.empty(v_size if o.children == 2 else 0, dtype=np.float32)
-    res = np.empty((2, v_size), dtype=np.float32)
-    links = (first, after)
-    work = (scratch, qbuf, res, path)
-    error = 0
-    for i in range(lo, hi):
-        n = min(max(num_nodes[i], 1), n_slots)  # garbage (validate=False) clamped
-        _children(tokens, parents, i, n, v_size, first, after)
-        if o.check and _bad_structure(tokens, arrays, o, i, v_size, path):
-            error = 1
-        t = np.float64(temps[i])
-        if o.all_greedy or t == 0:
-            a, final, bad = _greedy_walk(target, tokens, o, i, links, path)
-        else:
-            a, final, bad = _sampled_walk(target, tokens, arrays, o, i, normal_temperature(t),
-                                          links, work)
-        error = max(error, 1 if bad else 0)
-        out_accepted[i] = a
-        for j in range(out_tokens.shape[1]):
-            out_tokens[i, j] = tokens[i, path[j]] if j < a else (final if j == a else -1)
-            out_nodes[i, j] = path[j] if j < a else -1
-    return error
-
-
-def tree_arrays(inputs: TreeInputs, kernel: Any = None
+def tree_arrays(inputs: TreeInputs, kernel: Any
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """``(token_ids, node_ids, num_accepted, ok)`` from validated torch CPU tree inputs, by
-    ``kernel`` (default :func:`walk`; the traversal walk takes the same arguments)."""
+    ``kernel`` (``traversal.walk``, the tree family's one entry kernel: this module's walks
+    and the traversal walk)."""
     b, v = inputs.batch_size, inputs.vocab_size
     target, q = inputs.target, inputs.draft_probs
     atol, q_atol = (PROB_SUM_ATOL_HALF if t is not None and t.dtype in HALF else PROB_SUM_ATOL
@@ -297,13 +258,13 @@ def tree_arrays(inputs: TreeInputs, kernel: Any = None
     record = call_record(inputs.target_is_logits, inputs.all_greedy,
                          inputs.typical if inputs.sampled_method == "typical" else None,
                          inputs.check_read_values, atol=atol, q_atol=q_atol, children=mode,
-                         max_depth=width - 1)
+                         max_depth=width - 1, block=inputs.sampled_method == "traversal")
     u = EMPTY_F32_2 if inputs.uniforms is None else host_array(inputs.uniforms, np.float32)
     arrays = (host_array(inputs.parents, np.int64), host_array(inputs.num_nodes, np.int64), q,
               host_array(inputs.temperature, np.float32), u)
     outs = (np.empty((b, width), dtype=np.int64), np.empty((b, width), dtype=np.int64),
             np.empty(b, dtype=np.int64))
-    error = run_split(walk if kernel is None else kernel, b, threads_for(b * v * 2, b),
+    error = run_split(kernel, b, threads_for(b * v * 2, b),
                       (target, host_array(inputs.node_token_ids, np.int64), arrays, record),
                       (outs,))
     return outs[0], outs[1], outs[2], error == 0
