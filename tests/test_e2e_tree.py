@@ -245,6 +245,7 @@ def test_cli_tree_option():
                        (("--tree", "2x4", "--draft", "ngram", "--drafter", "dynamic"), "ngram"),
                        (("--tree", "2x4", "--drafter", "spine,ngram"), "ngram"),
                        (("--tree", "2x4", "--drafter", "beam"), "--drafter must be among"),
+                       (("--tree", "2x4", "--drafter", "dynamic:0"), "--drafter must be among"),
                        (("--drafter", "dynamic", "--runtime", "torch"),
                         "--drafter sets how trees are drafted"),
                        (("--method", "traversal"), "--method traversal verifies trees only"),
@@ -263,6 +264,8 @@ def test_cli_tree_option():
     assert _e2e_args("--tree", "2x4", "--draft", "ngram")[0].tree_drafters == ("ngram",)
     assert _e2e_args("--tree", "2x4", "--drafter", "spine,dynamic")[0].tree_drafters == (
         "spine", "dynamic")
+    assert _e2e_args("--tree", "2x4", "--drafter", "dynamic:1,dynamic:3")[0].tree_drafters == (
+        "dynamic:1", "dynamic:3")
     # The default run on openvino has its own trees: a drafter given alone drafts them.
     cfg = _e2e_args("--drafter", "dynamic", "--runtime", "openvino")[0]
     assert cfg.trees and cfg.tree_drafters == ("dynamic",)

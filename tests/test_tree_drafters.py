@@ -354,6 +354,11 @@ def test_drafter_names_and_arguments():
     assert get_drafter("dynamic") is DRAFTERS["dynamic"]
     with pytest.raises(ValueError, match="drafter must be one of"):
         get_drafter("beam")
+    assert get_drafter("dynamic:3") == DynamicDrafter(3)
+    assert get_drafter("dynamic:1").frontier == 1
+    for bad in ("dynamic:0", "dynamic:", "dynamic:x", "spine:2"):
+        with pytest.raises(ValueError, match="drafter"):
+            get_drafter(bad)
     with pytest.raises(ValueError, match="frontier"):
         DynamicDrafter(0)
     with pytest.raises(ValueError, match="token history"):

@@ -63,8 +63,9 @@ def add_parser(subparsers: Any) -> None:
                    "runs beside the chain with k = NODES (batch > 1: openvino runtime)")
     p.add_argument("--drafter", default=None,
                    help="tree drafters, comma separated: spine (the chain's path plus "
-                   "siblings; default), dynamic (EAGLE-2-style expansion), ngram (prompt "
-                   "lookup's continuations; the default with --draft ngram)")
+                   "siblings; default), dynamic (EAGLE-2-style expansion; dynamic:F expands F "
+                   "frontier nodes per depth, default 2), ngram (prompt lookup's "
+                   "continuations; the default with --draft ngram)")
     p.add_argument("--method", choices=("greedy", "rejection", "typical", "block", "traversal"),
                    default=None,
                    help="verification method (default greedy); block runs block verification "

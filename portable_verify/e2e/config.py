@@ -194,12 +194,14 @@ class E2EConfig:
             raise ValueError(f"--tree runs batch > 1 on the openvino runtime only (transformers "
                              f"modules take no per-row tree masks); got batch {self.batch} on "
                              f"{self.runtime}")
-        from portable_verify.e2e.tree_drafters import DRAFTERS
+        from portable_verify.e2e.tree_drafters import DRAFTERS, get_drafter
 
         for name in self.drafters:
-            if name not in DRAFTERS:
-                raise ValueError(f"--drafter must be among {', '.join(sorted(DRAFTERS))}, got "
-                                 f"{name!r}")
+            try:
+                get_drafter(name)
+            except ValueError:
+                raise ValueError(f"--drafter must be among {', '.join(sorted(DRAFTERS))} or "
+                                 f"dynamic:F (F frontier nodes per depth), got {name!r}") from None
         if self.draft == "ngram" and self.batch != 1:
             raise ValueError("the ngram tree runs batch 1 (prompt lookup has no per-row tree "
                              f"forward); got --batch {self.batch}")

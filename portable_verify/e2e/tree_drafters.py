@@ -19,6 +19,7 @@ reach the drafters as greedy drafting.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -333,7 +334,16 @@ DRAFTERS: dict[str, Drafter] = {
 
 
 def get_drafter(name: str) -> Drafter:
-    """The drafter called ``name``; an unknown name is a ``ValueError`` listing the known."""
+    """The drafter called ``name``, or ``dynamic:F`` (the dynamic drafter expanding ``F`` frontier
+    nodes per depth: why a run may set it, the draft's cost per frontier node differs between
+    drafts, docs/e2e.md); an unknown name is a ``ValueError`` listing the known."""
+    match = re.fullmatch(r"dynamic:(\d+)", name)
+    if match:
+        frontier = int(match[1])
+        if frontier < 1:
+            raise ValueError(f"drafter dynamic:F needs a frontier F >= 1, got {name!r}")
+        return DynamicDrafter(frontier)
     if name not in DRAFTERS:
-        raise ValueError(f"drafter must be one of {sorted(DRAFTERS)}, got {name!r}")
+        raise ValueError(f"drafter must be one of {sorted(DRAFTERS)} or dynamic:F (F frontier "
+                         f"nodes, e.g. dynamic:3), got {name!r}")
     return DRAFTERS[name]
