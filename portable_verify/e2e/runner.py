@@ -35,6 +35,7 @@ from portable_verify.e2e.paired import (
     TREE_PAIRED_METHODS,
     ShadowVerifier,
     mean_interval,
+    per_trial_data,
 )
 from portable_verify.e2e.runtimes import Engines, load_engines
 from portable_verify.e2e.tree_loop import TreeLoopMetrics, TreeShape, tree_generate
@@ -431,6 +432,7 @@ def block_comparison(runs: list[Contender], k: int, mode: str = "sampled") -> di
                                        strict=True)]
     same_steps = [db + dr for db, dr in zip(block.same_step_diffs, rej.same_step_diffs,
                                             strict=True)]
+    trial_gains = [statistics.fmean(d) for d in same_steps if d]
     return {
         "k": k,
         "draft_mode": mode,
@@ -438,10 +440,13 @@ def block_comparison(runs: list[Contender], k: int, mode: str = "sampled") -> di
         "accepted_per_step_block": block.metrics.accepted_tokens / max(block.metrics.row_steps, 1),
         "accepted_per_step_rejection": rej.metrics.accepted_tokens / max(rej.metrics.row_steps, 1),
         "gain_runs": mean_interval(per_trial),
-        "gain_same_steps": mean_interval([statistics.fmean(d) for d in same_steps if d]),
+        "gain_same_steps": mean_interval(trial_gains),
         "same_step_row_steps": sum(len(d) for d in same_steps),
         "same_step_positive": sum(x > 0 for d in same_steps for x in d),
         "same_step_negative": sum(x < 0 for d in same_steps for x in d),
+        "per_trial": per_trial_data(trial_gains, per_trial, [len(d) for d in same_steps if d],
+                                    [sum(x > 0 for x in d) for d in same_steps if d],
+                                    [sum(x < 0 for x in d) for d in same_steps if d]),
         "tokens_per_s_block": block.metrics.tokens_per_s,
         "tokens_per_s_rejection": rej.metrics.tokens_per_s,
         "tokens_per_s_ratio": spread([b / r for b, r in zip(block.tokens_per_s, rej.tokens_per_s,
@@ -505,6 +510,11 @@ def traversal_comparison(runs: list[Contender], shape: TreeShape) -> dict[str, A
         "gain_same_steps_relative": _relative(diff, base),
         "same_step_positive": sum(a > b for a, b in zip(first, second, strict=True)),
         "same_step_negative": sum(a < b for a, b in zip(first, second, strict=True)),
+        "per_trial": per_trial_data(
+            [a - b for a, b in zip(mean_first, mean_second, strict=True)], runs_diff,
+            [len(a) for a, _ in trials if a],
+            [sum(x > y for x, y in zip(a, b, strict=True)) for a, b in trials if a],
+            [sum(x < y for x, y in zip(a, b, strict=True)) for a, b in trials if a]),
         "accepted_per_forward_runs_traversal": trav.metrics.accepted_tokens
         / max(trav.metrics.row_steps, 1),
         "accepted_per_forward_runs_token_level": tok.metrics.accepted_tokens
