@@ -221,10 +221,10 @@ def test_e2e_block_runs_beside_rejection(monkeypatch, pair, temperature):
 
 def test_block_runs_on_disjoint_seeds_pool_to_the_single_run(monkeypatch, pair):
     """Two ``e2e --method block`` runs on seeds 0-1 and 2-3 pooled trial by trial give the
-    interval of one run over seeds 0-3 (same trials, same per-trial differences); runs whose
-    seeds overlap, or whose configurations differ, are refused."""
+    intervals of one run over seeds 0-3 (over trials and over rounds); runs whose seeds
+    overlap, or whose configurations differ, are refused."""
     from portable_verify.e2e.config import E2EConfig
-    from portable_verify.e2e.paired import pool_trials
+    from portable_verify.e2e.paired import pool_trials, round_means
 
     runner = _tiny_engines(monkeypatch, pair)
 
@@ -244,6 +244,13 @@ def test_block_runs_on_disjoint_seeds_pool_to_the_single_run(monkeypatch, pair):
         assert pooled[key] == one[key], key
     for key in ("gain_same_steps", "gain_runs"):
         assert pooled[key] == pytest.approx(one[key]), key
+    # The prompts of a round share its seed: the interval over rounds counts 4, not 8.
+    assert pooled["rounds"] == one["gain_same_steps_by_round"]["n"] == 4
+    assert pooled["gain_same_steps_by_round"] == pytest.approx(one["gain_same_steps_by_round"])
+    assert pooled["gain_same_steps_by_round"]["mean"] == pytest.approx(
+        one["gain_same_steps"]["mean"])  # equal batches per round: the same mean
+    with pytest.raises(ValueError, match="per_round"):
+        round_means([0.1, 0.2, 0.3], 2)
     # Pooled by step instead, the mean would weight long trials more: not what is reported.
     diffs = one["per_trial"]["gain_same_steps"]
     steps = one["per_trial"]["row_steps"]

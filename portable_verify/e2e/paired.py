@@ -102,6 +102,16 @@ def per_trial_data(same_steps: list[float], runs: list[float], row_steps: list[i
             "positive": positive, "negative": negative}
 
 
+def round_means(values: list[float], per_round: int) -> list[float]:
+    """Per round, the mean of its trials' values (trials listed round by round, ``per_round``
+    prompt batches each). Why: every prompt batch of a round draws from that round's seed, so
+    its trials are not independent; an interval over rounds does not assume they are."""
+    if per_round < 1 or len(values) % per_round:
+        raise ValueError(f"per_round: {len(values)} trials do not split into rounds of "
+                         f"{per_round} prompt batches")
+    return [statistics.fmean(values[i:i + per_round]) for i in range(0, len(values), per_round)]
+
+
 _POOL_FREE = ("seed", "rounds")
 """Config fields that may differ between pooled runs: which seeds a run drew, and how many."""
 
@@ -142,13 +152,18 @@ def pool_trials(runs: list[dict[str, Any]], section: str = "block_comparison",
         raise ValueError(f"runs: {section}[{index}] compares different configurations")
     trials = {key: [x for p in parts for x in p["per_trial"][key]]
               for key in ("gain_same_steps", "gain_runs", "row_steps", "positive", "negative")}
+    per_round = int(runs[0]["num_batches"])
+    by_round = {key: [x for p in parts for x in round_means(p["per_trial"][key], per_round)]
+                for key in ("gain_same_steps", "gain_runs")}
     return {**label, "runs": len(runs), "seeds": [list(s) for s in spans],
-            "trials": len(trials["gain_same_steps"]),
+            "trials": len(trials["gain_same_steps"]), "rounds": len(by_round["gain_runs"]),
             "same_step_row_steps": sum(trials["row_steps"]),
             "same_step_positive": sum(trials["positive"]),
             "same_step_negative": sum(trials["negative"]),
             "gain_same_steps": mean_interval(trials["gain_same_steps"]),
-            "gain_runs": mean_interval(trials["gain_runs"])}
+            "gain_runs": mean_interval(trials["gain_runs"]),
+            "gain_same_steps_by_round": mean_interval(by_round["gain_same_steps"]),
+            "gain_runs_by_round": mean_interval(by_round["gain_runs"])}
 
 
 def main(argv: list[str] | None = None) -> None:
