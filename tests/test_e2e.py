@@ -219,6 +219,51 @@ def test_e2e_block_runs_beside_rejection(monkeypatch, pair, temperature):
         assert c["same_step_positive"] + c["same_step_negative"] > 0
 
 
+def test_block_runs_on_disjoint_seeds_pool_to_the_single_run(monkeypatch, pair):
+    """Two ``e2e --method block`` runs on seeds 0-1 and 2-3 pooled trial by trial give the
+    intervals of one run over seeds 0-3 (over trials and over rounds); runs whose seeds
+    overlap, or whose configurations differ, are refused."""
+    from portable_verify.e2e.config import E2EConfig
+    from portable_verify.e2e.paired import pool_trials, round_means
+
+    runner = _tiny_engines(monkeypatch, pair)
+
+    def run(seed: int, rounds: int, **kw: Any) -> dict[str, Any]:
+        cfg = E2EConfig(method="block", temperature=1.0, ks=(2,), max_new_tokens=12,
+                        num_prompts=2, rounds=rounds, seed=seed, **kw)
+        return json.loads(json.dumps(runner.run_e2e(cfg)))  # as read back from --json
+
+    whole = run(0, 4)
+    first, second = run(0, 2), run(2, 2)
+    (one,) = whole["block_comparison"]
+    assert one["same_step_positive"] + one["same_step_negative"] > 0, "rules must differ"
+    pooled = pool_trials([second, first])
+    assert pooled["trials"] == one["trials"] == 8
+    assert pooled["seeds"] == [[0, 2], [2, 4]]
+    for key in ("same_step_row_steps", "same_step_positive", "same_step_negative"):
+        assert pooled[key] == one[key], key
+    for key in ("gain_same_steps", "gain_runs"):
+        assert pooled[key] == pytest.approx(one[key]), key
+    # The prompts of a round share its seed: the interval over rounds counts 4, not 8.
+    assert pooled["rounds"] == one["gain_same_steps_by_round"]["n"] == 4
+    assert pooled["gain_same_steps_by_round"] == pytest.approx(one["gain_same_steps_by_round"])
+    assert pooled["gain_same_steps_by_round"]["mean"] == pytest.approx(
+        one["gain_same_steps"]["mean"])  # equal batches per round: the same mean
+    with pytest.raises(ValueError, match="per_round"):
+        round_means([0.1, 0.2, 0.3], 2)
+    # Pooled by step instead, the mean would weight long trials more: not what is reported.
+    diffs = one["per_trial"]["gain_same_steps"]
+    steps = one["per_trial"]["row_steps"]
+    by_step = sum(d * n for d, n in zip(diffs, steps, strict=True)) / sum(steps)
+    assert len(set(steps)) > 1 and by_step != pytest.approx(pooled["gain_same_steps"]["mean"])
+    with pytest.raises(ValueError, match="seed ranges overlap"):
+        pool_trials([first, run(1, 2)])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        pool_trials([first, json.loads(json.dumps(runner.run_e2e(E2EConfig(
+            method="block", temperature=1.0, ks=(2,), max_new_tokens=10, num_prompts=2,
+            rounds=2, seed=2))))])
+
+
 @pytest.mark.parametrize("method", ["rejection", "typical", "block"])
 def test_sampled_runs_are_valid_and_reproducible(pair, method):
     target, draft = pair

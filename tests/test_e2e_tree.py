@@ -466,6 +466,7 @@ def test_e2e_traversal_runs_beside_the_token_level_rule(monkeypatch, pair, tempe
     alternated, each step judged by both; the chain at ``k = nodes`` runs block. At T = 0
     everything is greedy (checked against target-only) and no step tells the rules apart."""
     from portable_verify.e2e.config import E2EConfig
+    from portable_verify.e2e.paired import pool_trials
 
     runner = _tiny_runner(monkeypatch, pair)
     cfg = E2EConfig(method="traversal", temperature=temperature, trees=("3x3:5",), ks=(5,),
@@ -490,3 +491,8 @@ def test_e2e_traversal_runs_beside_the_token_level_rule(monkeypatch, pair, tempe
         assert c["same_step_positive"] == c["same_step_negative"] == 0 == gain["mean"]
     else:
         assert c["same_step_positive"] + c["same_step_negative"] > 0
+    pooled = pool_trials([data], "traversal_comparison")  # one run: its own interval back
+    assert pooled["trials"] == c["trials"] and pooled["tree"] == c["tree"]
+    assert pooled["gain_same_steps"] == pytest.approx(gain)
+    assert (pooled["same_step_positive"], pooled["same_step_negative"]) == (
+        c["same_step_positive"], c["same_step_negative"])

@@ -35,6 +35,8 @@ from portable_verify.e2e.paired import (
     TREE_PAIRED_METHODS,
     ShadowVerifier,
     mean_interval,
+    per_trial_data,
+    round_means,
 )
 from portable_verify.e2e.runtimes import Engines, load_engines
 from portable_verify.e2e.tree_loop import TreeLoopMetrics, TreeShape, tree_generate
@@ -408,20 +410,30 @@ def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
              "dense_ms_per_step": 1e3 * dense[k]["verify_time_s"] / max(dense[k]["steps"], 1)}
             for k in ours]
     if cfg.method == "block":
-        data["block_comparison"] = [block_comparison(runs, k, mode) for k in cfg.ks
-                                    for mode in cfg.draft_modes]
+        data["block_comparison"] = [block_comparison(runs, k, mode, data["num_batches"])
+                                    for k in cfg.ks for mode in cfg.draft_modes]
     if len(cfg.draft_modes) > 1:
         data["draft_mode_comparison"] = [draft_mode_comparison(runs, k, m) for k in cfg.ks
                                          for m in _chain_methods(cfg.method)]
     if cfg.trees:
         data["tree_comparison"] = tree_comparison(runs)
     if cfg.trees and cfg.method == "traversal":
-        data["traversal_comparison"] = [traversal_comparison(runs, TreeShape.parse(t))
-                                        for t in cfg.trees]
+        data["traversal_comparison"] = [
+            traversal_comparison(runs, TreeShape.parse(t), data["num_batches"])
+            for t in cfg.trees]
     return data
 
 
-def block_comparison(runs: list[Contender], k: int, mode: str = "sampled") -> dict[str, Any]:
+def _by_round(values: list[float], per_round: int) -> dict[str, float | int | None] | None:
+    """The interval over rounds (each round's trials averaged: they share its seed), or None
+    when some trial had no step and the rounds cannot be told apart."""
+    if len(values) % per_round:
+        return None
+    return mean_interval(round_means(values, per_round))
+
+
+def block_comparison(runs: list[Contender], k: int, mode: str = "sampled",
+                     per_round: int = 1) -> dict[str, Any]:
     """Block against token-wise rejection at draft length ``k`` with drafts of ``mode``: the
     gain in mean accepted drafts per step, paired over trials (whole runs) and over steps (same
     inputs), with 95% Student-t intervals over trials, and the tokens/s ratio per trial."""
@@ -431,6 +443,7 @@ def block_comparison(runs: list[Contender], k: int, mode: str = "sampled") -> di
                                        strict=True)]
     same_steps = [db + dr for db, dr in zip(block.same_step_diffs, rej.same_step_diffs,
                                             strict=True)]
+    trial_gains = [statistics.fmean(d) for d in same_steps if d]
     return {
         "k": k,
         "draft_mode": mode,
@@ -438,10 +451,14 @@ def block_comparison(runs: list[Contender], k: int, mode: str = "sampled") -> di
         "accepted_per_step_block": block.metrics.accepted_tokens / max(block.metrics.row_steps, 1),
         "accepted_per_step_rejection": rej.metrics.accepted_tokens / max(rej.metrics.row_steps, 1),
         "gain_runs": mean_interval(per_trial),
-        "gain_same_steps": mean_interval([statistics.fmean(d) for d in same_steps if d]),
+        "gain_same_steps": mean_interval(trial_gains),
+        "gain_same_steps_by_round": _by_round(trial_gains, per_round),
         "same_step_row_steps": sum(len(d) for d in same_steps),
         "same_step_positive": sum(x > 0 for d in same_steps for x in d),
         "same_step_negative": sum(x < 0 for d in same_steps for x in d),
+        "per_trial": per_trial_data(trial_gains, per_trial, [len(d) for d in same_steps if d],
+                                    [sum(x > 0 for x in d) for d in same_steps if d],
+                                    [sum(x < 0 for x in d) for d in same_steps if d]),
         "tokens_per_s_block": block.metrics.tokens_per_s,
         "tokens_per_s_rejection": rej.metrics.tokens_per_s,
         "tokens_per_s_ratio": spread([b / r for b, r in zip(block.tokens_per_s, rej.tokens_per_s,
@@ -480,7 +497,8 @@ def _trial_means(pairs: list[tuple[list[int], list[int]]]) -> tuple[list[float],
     return [statistics.fmean(a) for a, _ in kept], [statistics.fmean(b) for _, b in kept]
 
 
-def traversal_comparison(runs: list[Contender], shape: TreeShape) -> dict[str, Any]:
+def traversal_comparison(runs: list[Contender], shape: TreeShape,
+                         per_round: int = 1) -> dict[str, Any]:
     """Traversal against the token-level tree rule on tree ``shape``: accepted drafts per target
     forward of each on the same steps (both runs' steps, each judged by both rules), the paired
     difference with its 95% Student-t interval over trials, and the whole-run comparison."""
@@ -502,9 +520,16 @@ def traversal_comparison(runs: list[Contender], shape: TreeShape) -> dict[str, A
         "accepted_per_forward_traversal": statistics.fmean(first) if first else None,
         "accepted_per_forward_token_level": base if second else None,
         "gain_same_steps": diff,
+        "gain_same_steps_by_round": _by_round(
+            [a - b for a, b in zip(mean_first, mean_second, strict=True)], per_round),
         "gain_same_steps_relative": _relative(diff, base),
         "same_step_positive": sum(a > b for a, b in zip(first, second, strict=True)),
         "same_step_negative": sum(a < b for a, b in zip(first, second, strict=True)),
+        "per_trial": per_trial_data(
+            [a - b for a, b in zip(mean_first, mean_second, strict=True)], runs_diff,
+            [len(a) for a, _ in trials if a],
+            [sum(x > y for x, y in zip(a, b, strict=True)) for a, b in trials if a],
+            [sum(x < y for x, y in zip(a, b, strict=True)) for a, b in trials if a]),
         "accepted_per_forward_runs_traversal": trav.metrics.accepted_tokens
         / max(trav.metrics.row_steps, 1),
         "accepted_per_forward_runs_token_level": tok.metrics.accepted_tokens
