@@ -220,9 +220,10 @@ def test_e2e_block_runs_beside_rejection(monkeypatch, pair, temperature):
 
 
 def test_block_runs_on_disjoint_seeds_pool_to_the_single_run(monkeypatch, pair):
-    """Two ``e2e --method block`` runs on seeds 0-1 and 2-3 pooled trial by trial give the
-    intervals of one run over seeds 0-3 (over trials and over rounds); runs whose seeds
-    overlap, or whose configurations differ, are refused."""
+    """Two ``e2e --method block`` runs of 2 rounds x 2 prompts (seeds 0-3 and 4-7: one per
+    trial) pooled trial by trial give the intervals of one 4-round run over seeds 0-7 (over
+    trials and over rounds); runs whose seeds overlap, or whose configurations differ, are
+    refused."""
     from portable_verify.e2e.config import E2EConfig
     from portable_verify.e2e.paired import pool_trials, round_means
 
@@ -234,17 +235,17 @@ def test_block_runs_on_disjoint_seeds_pool_to_the_single_run(monkeypatch, pair):
         return json.loads(json.dumps(runner.run_e2e(cfg)))  # as read back from --json
 
     whole = run(0, 4)
-    first, second = run(0, 2), run(2, 2)
+    first, second = run(0, 2), run(4, 2)
     (one,) = whole["block_comparison"]
     assert one["same_step_positive"] + one["same_step_negative"] > 0, "rules must differ"
     pooled = pool_trials([second, first])
     assert pooled["trials"] == one["trials"] == 8
-    assert pooled["seeds"] == [[0, 2], [2, 4]]
+    assert pooled["seeds"] == [[0, 4], [4, 8]]
     for key in ("same_step_row_steps", "same_step_positive", "same_step_negative"):
         assert pooled[key] == one[key], key
     for key in ("gain_same_steps", "gain_runs"):
         assert pooled[key] == pytest.approx(one[key]), key
-    # The prompts of a round share its seed: the interval over rounds counts 4, not 8.
+    # The interval over rounds averages each round's 2 trials: 4 values, not 8.
     assert pooled["rounds"] == one["gain_same_steps_by_round"]["n"] == 4
     assert pooled["gain_same_steps_by_round"] == pytest.approx(one["gain_same_steps_by_round"])
     assert pooled["gain_same_steps_by_round"]["mean"] == pytest.approx(
@@ -257,11 +258,11 @@ def test_block_runs_on_disjoint_seeds_pool_to_the_single_run(monkeypatch, pair):
     by_step = sum(d * n for d, n in zip(diffs, steps, strict=True)) / sum(steps)
     assert len(set(steps)) > 1 and by_step != pytest.approx(pooled["gain_same_steps"]["mean"])
     with pytest.raises(ValueError, match="seed ranges overlap"):
-        pool_trials([first, run(1, 2)])
+        pool_trials([first, run(2, 2)])
     with pytest.raises(ValueError, match="max_new_tokens"):
         pool_trials([first, json.loads(json.dumps(runner.run_e2e(E2EConfig(
             method="block", temperature=1.0, ks=(2,), max_new_tokens=10, num_prompts=2,
-            rounds=2, seed=2))))])
+            rounds=2, seed=4))))])
 
 
 @pytest.mark.parametrize("method", ["rejection", "typical", "block"])

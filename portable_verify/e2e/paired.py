@@ -104,8 +104,10 @@ def per_trial_data(same_steps: list[float], runs: list[float], row_steps: list[i
 
 def round_means(values: list[float], per_round: int) -> list[float]:
     """Per round, the mean of its trials' values (trials listed round by round, ``per_round``
-    prompt batches each). Why: every prompt batch of a round draws from that round's seed, so
-    its trials are not independent; an interval over rounds does not assume they are."""
+    prompt batches each). Why: reports from before each trial drew its own seed
+    (``runner.trial_seed``) shared a round's seed among its prompts, so their trials are not
+    independent; an interval over rounds does not assume they are, and on newer reports it
+    shows whether rounds differ more than their trials do."""
     if per_round < 1 or len(values) % per_round:
         raise ValueError(f"per_round: {len(values)} trials do not split into rounds of "
                          f"{per_round} prompt batches")
@@ -117,14 +119,14 @@ _POOL_FREE = ("seed", "rounds")
 
 
 def _seed_ranges(runs: list[dict[str, Any]]) -> list[tuple[int, int]]:
-    """Each run's seeds ``[seed, seed + rounds)`` (round ``r`` draws with ``seed + r``),
-    refused when two runs overlap: a trial drawn twice would be counted as two."""
-    spans = sorted((int(r["config"]["seed"]), int(r["config"]["seed"]) + int(r["config"]["rounds"]))
-                   for r in runs)
+    """Each run's seeds ``[seed, seed + rounds x batches)`` (``runner.trial_seed``), refused
+    when two runs overlap: a trial drawn twice would be counted as two."""
+    spans = sorted((int(r["config"]["seed"]), int(r["config"]["seed"])
+                    + int(r["config"]["rounds"]) * int(r["num_batches"])) for r in runs)
     for (_, end), (start, _) in itertools.pairwise(spans):
         if start < end:
             raise ValueError(f"runs: seed ranges overlap ({spans}); give each run its own "
-                             "--seed so that rounds draw disjoint seeds")
+                             "--seed so that their trials draw disjoint seeds")
     return spans
 
 

@@ -336,7 +336,8 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
             base_tps = float("nan")
             batch_tps: dict[str, float] = {}
             for run in order:
-                out = generate(run, ids, mask, cfg.max_new_tokens, cfg.seed + rnd)
+                seed = trial_seed(cfg.seed, rnd, bi, len(batches))
+                out = generate(run, ids, mask, cfg.max_new_tokens, seed)
                 if run.k == 0:
                     reference.setdefault(bi, out.new_tokens)
                     base_tps = out.metrics.tokens_per_s
@@ -361,6 +362,15 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
             for run in runs[1:]:
                 run.speedups.append(batch_tps[run.name] / base_tps)
     return runs
+
+
+def trial_seed(seed: int, rnd: int, batch: int, n_batches: int) -> int:
+    """The seed of one trial (prompt batch ``batch`` in round ``rnd``): every trial its own,
+    shared by the contenders of the trial (paired). Why not ``seed + round``: the prompts of a
+    round then draw the same uniforms, their gains move together, and an interval over trials
+    counts them as independent when they are not (measured: docs/decisions.md, "Pooling paired
+    e2e runs over disjoint seeds"). A run covers ``[seed, seed + rounds x n_batches)``."""
+    return seed + rnd * n_batches + batch
 
 
 def _trial_batches(cfg: E2EConfig, n_batches: int) -> list[int]:
@@ -425,7 +435,7 @@ def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
 
 
 def _by_round(values: list[float], per_round: int) -> dict[str, float | int | None] | None:
-    """The interval over rounds (each round's trials averaged: they share its seed), or None
+    """The interval over rounds (each round's trials averaged), or None
     when some trial had no step and the rounds cannot be told apart."""
     if len(values) % per_round:
         return None
