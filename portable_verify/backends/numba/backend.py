@@ -40,10 +40,10 @@ from portable_verify.core.types import VerifyCall, VerifyInputs
 try:  # numba is optional (the `cpu` extra): without it the backend reports itself unavailable
     import numba
 
-    from portable_verify.backends.numba import block as numba_block
     from portable_verify.backends.numba import chain as kernels
+    from portable_verify.backends.numba import entries
 except ImportError:
-    kernels = numba_block = None
+    kernels = entries = None
 
 _CPU = torch.device("cpu")
 CHAIN_RULES = readiness.CHAIN_RULES
@@ -74,7 +74,7 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
     """
     arrays = call_arrays(rows, counts, q, qrows, temps, uniforms, seeds, offsets, bonus)
     return _decide(target, drafts, arrays,
-                   options_record(is_logits=is_logits, block=block, **options))
+                   options_record(is_logits=is_logits, sequence_level=block, **options))
 
 
 def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np.ndarray
@@ -82,7 +82,7 @@ def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np
     """:func:`decide_arrays` with the options already a record and the arrays a tuple
     (:func:`host.call_arrays`; positional: this runs on every call, and keyword dictionaries
     cost more than a small call's decision). A small call on tensors enters them by address
-    (``block.decide_at``): two numpy views cost more than its whole decision."""
+    (``entries.decide_at``): two numpy views cost more than its whole decision."""
     b, k = drafts.shape
     v = target.shape[-1]
     if v == 0 and b > 0:
@@ -91,12 +91,12 @@ def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np
     threads = 1 if b * k * v < PARALLEL_MIN_VALUES else threads_for(b * k * v, b)
     if threads == 1 and type(target) is torch.Tensor and type(drafts) is torch.Tensor:
         r = b * (k + 1) if arrays[0].shape[0] == 0 else target.shape[0]  # target is [R, V]
-        error = numba_block.decide_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, arrays,
+        error = entries.decide_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, arrays,
                                       record, *outs)
         return (*outs, error == 0)
     before = (host_array(target, np.float32).reshape(-1, v), host_array(drafts, np.int64),
               arrays, record)
-    error = run_split(numba_block.decide, b, threads, before, (outs,))
+    error = run_split(entries.decide, b, threads, before, (outs,))
     return (*outs, error == 0)
 
 
@@ -226,7 +226,7 @@ class NumbaBackend(Backend):
     def run_tree(self, inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The tree walk as one kernel (``backends/numba/tree.py``; traversal verification:
         ``backends/numba/traversal.py``)."""
-        from portable_verify.backends.numba.traversal import walk  # compile on first use
+        from portable_verify.backends.numba.entries import walk  # compile on first use
         from portable_verify.backends.numba.tree import tree_arrays
 
         if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:

@@ -7,10 +7,10 @@ exponentials recomputed: in this kernel that costs no more than keeping ``K`` ro
 and one draw. The residual ``Z_j`` is computed on is the row the draw reads when the scan
 stops there, so it is drawn from where it lies.
 
-:func:`decide` is the chain family's one entry kernel: block requests here, the others
-through ``chain._one``; the backend runs it over request ranges on its worker threads
-(bit-identical at any thread count). Counts,
-greedy rows, uniforms, the caller's bonus and the ``O(K)`` checks are the rejection kernel's
+:func:`_block_one` is one request, called by the chain family's entry kernel
+(``entries.decide``) for sampled requests when the record's ``sequence_level`` is set; the
+backend runs it over request ranges on its worker threads (bit-identical at any thread count).
+Counts, greedy rows, uniforms, the caller's bonus and the ``O(K)`` checks are the rejection kernel's
 own helpers. Under ``options.check`` every target row ``j <= n`` and draft row ``j < n`` of
 every request is checked, as ``validate="full"`` does: the rows the scan reads depend on the
 uniforms (docs/semantics.md, *Validation*).
@@ -24,7 +24,6 @@ import numba
 import numpy as np
 
 from portable_verify.backends.numba.chain import (
-    DRAW_BLOCK,
     DRAW_COUNTER,
     ERROR_NONE,
     _bad_logit_max,
@@ -36,8 +35,6 @@ from portable_verify.backends.numba.chain import (
     _greedy_request,
     _key_of,
     _not_a_distribution,
-    _one,
-    _pointer,
     _target_row,
     _u,
     draw,
@@ -260,55 +257,3 @@ def _block_one(target, drafts, arrays, o, i, work, outs):
             final = _block_token(target, drafts, arrays, o, i, accepted, n, tf, v, work)
     _emit(outs, drafts, bonus, i, accepted, n_raw, final)
     return error
-
-
-@numba.njit(**JIT)
-def decide(target, drafts, arrays, options, lo, hi, outs):
-    """Fill ``outs`` (token ids, accepted, emitted, reported counts) for requests ``lo ..
-    hi-1``; return ``ERROR_VALUE`` when ``options.check`` is set and a value the decision
-    reads is invalid (docs/semantics.md, Validation). Disjoint request ranges may run at once
-    on several threads (the kernel releases the GIL; a request's result depends only on its
-    own inputs).
-
-    The chain family's one entry kernel, every chain rule: ``options.block`` sends sampled
-    requests through block verification (:func:`_block_one`), else rejection sampling or
-    typical acceptance (``chain._one``). Why one entry and not one per rule: numba optimises
-    and emits each entry's whole call tree again, so a second entry would compile the shared
-    helpers (counts, greedy rows, uniforms, draws) once more; it lives here because this
-    module imports the chain's.
-
-    ``arrays`` (``chain.ARRAYS``): ``rows`` / ``qrows`` empty: the padded layout (request
-    ``i``, position ``j`` is row ``i*(K+1) + min(j, n_i)`` / ``i*K + j``). ``counts`` empty:
-    every request has ``K`` drafts. ``temps`` empty: every request has ``temp_scalar``.
-    Uniforms: ``uniforms`` if not empty, else the counter hash of a per-request seed and offset
-    (``chain.OPTIONS``). ``bonus`` (empty: drawn here): the caller's token for a request that
-    accepted every draft.
-    """
-    k = drafts.shape[1]
-    v_size = target.shape[1]
-    o = options[0]
-    error = ERROR_NONE
-    if o.block:
-        block_work = (np.empty(k, dtype=np.float32), np.empty(k, dtype=np.float64),
-                      np.empty(k, dtype=np.float32), np.empty(v_size, dtype=np.float32),
-                      np.empty(v_size, dtype=np.float32))  # maxes, sums, chain, scratch, out
-        for i in range(lo, hi):
-            error = max(error, _block_one(target, drafts, arrays, o, i, block_work, outs))
-        return error
-    chain_work = (np.empty(v_size, dtype=np.float32), np.empty(v_size, dtype=np.float32),
-                  np.empty((v_size + DRAW_BLOCK - 1) // DRAW_BLOCK, dtype=np.float64))
-    for i in range(lo, hi):
-        error = max(error, _one(target, drafts, arrays, o, i, chain_work, outs))
-    return error
-
-
-@numba.njit(**JIT)
-def decide_at(target_address, n_rows, v_size, drafts_address, b, k, arrays, options, tokens,
-              accepted, emitted, n_drafts):
-    """:func:`decide` (all requests: small calls) on contiguous torch tensors given by address:
-    making their numpy views costs more than a small call's whole decision (docs/decisions.md,
-    "The first call"). The outputs come one by one (see ``chain.greedy_at``)."""
-    target = numba.carray(_pointer(target_address, np.float32), (n_rows, v_size))
-    drafts = numba.carray(_pointer(drafts_address, np.int64), (b, k))
-    outs = (tokens, accepted, emitted, n_drafts)
-    return decide(target, drafts, arrays, options, np.int64(0), b, outs)  # one signature

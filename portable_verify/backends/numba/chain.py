@@ -68,7 +68,7 @@ OPTIONS = np.dtype([
     ("check", np.bool_), ("seed_mode", np.int64), ("seed_scalar", np.int64),
     ("offset_scalar", np.int64), ("temp_scalar", np.float64),
     ("eps", np.float64), ("alpha", np.float64), ("atol", np.float64), ("q_atol", np.float64),
-    ("children", np.int64), ("max_depth", np.int64), ("block", np.bool_),
+    ("children", np.int64), ("max_depth", np.int64), ("sequence_level", np.bool_),
 ], align=True)
 """A call's options and scalars as one record (a 1-element array of it goes down to the
 kernel), chain and tree kernels alike; ``host.call_record`` builds it (the one place).
@@ -77,9 +77,10 @@ kernel), chain and tree kernels alike; ``host.call_record`` builds it (the one p
 when ``offsets`` is empty; ``temp_scalar`` when ``temps`` is empty; ``eps`` / ``alpha``: the
 typical parameters (:func:`typical_threshold`); ``atol`` / ``q_atol``: the sum tolerance of
 target / draft probability rows; ``children`` / ``max_depth``: a tree walk's children code
-and depth cap (0 in chain calls); ``block``: sampled requests take block verification (a
-chain call) or traversal verification (a tree walk), the rule each family's one entry kernel
-branches on (``block.decide``, ``traversal.walk``)."""
+and depth cap (0 in chain calls); ``sequence_level``: sampled requests take the rule that
+judges a path as a whole, block verification (a chain call) or traversal verification (a tree
+walk), the switch each family's one entry kernel branches on (``entries.decide``,
+``entries.walk``)."""
 
 ARRAYS = ("rows", "counts", "q", "qrows", "temps", "uniforms", "seeds", "offsets", "bonus")
 """The order of the chain kernels' array tuple (``host.call_arrays`` builds it): target row
@@ -404,7 +405,7 @@ def _greedy_one(target, drafts, counts, bonus, is_logits, check, i, outs):
 
 @numba.njit(**JIT)
 def greedy(target, drafts, counts, bonus, is_logits, check, lo, hi, outs):
-    """:func:`block.decide` for requests ``lo .. hi-1`` of a padded call whose every row is greedy
+    """:func:`entries.decide` for requests ``lo .. hi-1`` of a padded call whose every row is greedy
     (of the call's arrays only the two it reads: numba enters a call argument by argument).
 
     Its two options come as two flags, not the record: the greedy path is the cheapest call,
@@ -611,7 +612,7 @@ def final_token(target, drafts, arrays, o, i, accepted, n, s, tf, key, work):
 @numba.njit(**JIT, **INNER)
 def _one(target, drafts, arrays, o, i, work, outs):
     """Request ``i`` from its count to its emission (written once); returns its flag.
-    ``work``: ``(scratch, scratch_residual, sums)`` (``block.decide`` allocates them)."""
+    ``work``: ``(scratch, scratch_residual, sums)`` (``entries.decide`` allocates them)."""
     rows, counts, _, _, temps, explicit_u, _, _, bonus = arrays
     v_size = target.shape[1]
     n, n_raw, reported, bad = _count(counts, drafts, i, o.check)

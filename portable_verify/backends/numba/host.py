@@ -107,26 +107,26 @@ def call_record(is_logits: bool, all_greedy: bool, typical: TypicalParams | None
                 check: bool, seed_mode: int = 1, seed_scalar: int = 0, offset_scalar: int = 0,
                 temp_scalar: float = 1.0, atol: float = PROB_SUM_ATOL,
                 q_atol: float = PROB_SUM_ATOL, children: int = 0, max_depth: int = 0,
-                block: bool = False) -> np.ndarray:
+                sequence_level: bool = False) -> np.ndarray:
     """A call's options and scalars as the kernels' one record (:data:`chain.OPTIONS`): the
     one place it is built, for chain, block and tree kernels alike. ``typical``: the
-    parameters of a typical call, else None; ``block``: block (chain) or traversal (tree)
-    verification for the sampled requests. Positional on the hot path (keyword
+    parameters of a typical call, else None; ``sequence_level``: block (chain) or
+    traversal (tree) verification for the sampled requests. Positional on the hot path (keyword
     dictionaries cost more than a small call's decision)."""
     scalars = NO_TYPICAL if typical is None else typical.kernel_scalars()
     return record_of((is_logits, all_greedy, typical is not None, check, seed_mode,
                       seed_scalar, offset_scalar, temp_scalar, *scalars, atol, q_atol,
-                      children, max_depth, block))
+                      children, max_depth, sequence_level))
 
 
 def options_record(*, is_logits: bool, all_greedy: bool = False,
                    typical: TypicalParams | None = None, check: bool = True, seed_mode: int = 1,
                    seed_scalar: int = 0, offset_scalar: int = 0, temp_scalar: float = 1.0,
                    atol: float = PROB_SUM_ATOL, q_atol: float = PROB_SUM_ATOL,
-                   block: bool = False) -> np.ndarray:
+                   sequence_level: bool = False) -> np.ndarray:
     """:func:`call_record` by keyword (host-array entry points, tests, benchmarks)."""
     return call_record(is_logits, all_greedy, typical, check, seed_mode, seed_scalar,
-                       offset_scalar, temp_scalar, atol, q_atol, 0, 0, block)
+                       offset_scalar, temp_scalar, atol, q_atol, 0, 0, sequence_level)
 
 
 def call_arrays(rows: np.ndarray = EMPTY_I64_2, counts: np.ndarray = EMPTY_I64_1,

@@ -39,11 +39,13 @@ ENV_INTERIM = "PORTABLE_VERIFY_INTERIM"
 
 KERNEL_MODULES = ("portable_verify.backends.numba.chain", "portable_verify.backends.numba.rows",
                   "portable_verify.backends.numba.block", "portable_verify.backends.numba.tree",
-                  "portable_verify.backends.numba.traversal")
-"""Every module holding cached kernels (the chain, block and tree kernels and row passes)."""
+                  "portable_verify.backends.numba.traversal",
+                  "portable_verify.backends.numba.entries")
+"""Every module holding cached kernels (the chain, block and tree kernels, row passes and the
+families' entry kernels)."""
 
-ENTRY_KERNELS = ("chain.greedy", "chain.greedy_at", "block.decide", "block.decide_at",
-                 "traversal.walk")
+ENTRY_KERNELS = ("chain.greedy", "chain.greedy_at", "entries.decide",
+                 "entries.decide_at", "entries.walk")
 """The kernels the backend calls: the cache is warm when each has a signature for this CPU."""
 
 CHAIN_RULES = ("rejection", "typical", "block")

@@ -33,7 +33,6 @@ from portable_verify.backends.numba.chain import (
     _bad_logit_max,
     _not_a_distribution,
     draw,
-    normal_temperature,
 )
 from portable_verify.backends.numba.rows import (
     INNER,
@@ -43,12 +42,6 @@ from portable_verify.backends.numba.rows import (
     exp_sum,
     row_max,
     row_stats,
-)
-from portable_verify.backends.numba.tree import (
-    _bad_structure,
-    _children,
-    _greedy_walk,
-    _sampled_walk,
 )
 
 _ONE = np.float32(1.0)
@@ -244,75 +237,3 @@ def _traverse_one(rows, tree, parents, i, u, tf, o, mode, state, work, path):
         exp_sum(row, row_max(row)[0], tf, scratch)
         row = scratch
     return accepted, draw(row, v)[0], bad
-
-
-@numba.njit(**JIT)
-def walk(target, tokens, arrays, options, lo, hi, outs):
-    """Fill ``outs`` (token ids, node ids, accepted) for requests ``lo .. hi-1``; returns 1
-    when ``options.check`` is set and a value the walk reads is invalid. ``target``: flat
-    ``[B*N, V]`` rows; ``arrays``: :data:`tree.ARRAYS` (``q`` a dummy for deterministic
-    children; ``u`` ``[B, N]``, empty when every row is greedy); the children code and the
-    depth cap are the record's. Disjoint request ranges may run at once (nogil).
-
-    The tree family's one entry kernel: ``options.block`` sends sampled requests through this
-    module's traversal walk, else the token-level walk (``tree._sampled_walk``; greedy rows
-    through ``tree._greedy_walk`` in both). One entry, not one per rule: numba optimises and
-    emits each entry's whole call tree again, so a second entry compiles the shared walks
-    and row passes once more."""
-    o = options[0]
-    parents, num_nodes, _, temps, _ = arrays
-    out_tokens, out_nodes, out_accepted = outs
-    n_slots = tokens.shape[1]
-    v_size = target.shape[1]
-    first = np.empty(n_slots, dtype=np.int64)
-    after = np.empty(n_slots, dtype=np.int64)
-    path = np.empty(n_slots, dtype=np.int64)
-    token_work = _token_work(o, v_size, path)
-    state, work = _traversal_work(o, n_slots, v_size)
-    error = 0
-    for i in range(lo, hi):
-        n = min(max(num_nodes[i], 1), n_slots)  # garbage (validate=False) clamped
-        _children(tokens, parents, i, n, v_size, first, after)
-        if o.check and _bad_structure(tokens, arrays, o, i, v_size, path):
-            error = 1
-        t = np.float64(temps[i])
-        if o.all_greedy or t == 0:
-            a, final, bad = _greedy_walk(target, tokens, o, i, (first, after), path)
-        elif o.block:
-            lo_row, hi_row = i * n_slots, (i + 1) * n_slots
-            a, final, bad = _traverse_one((target[lo_row:hi_row], arrays[2][lo_row:hi_row]),
-                                          (tokens, first, after, o.max_depth), parents, i,
-                                          arrays[4], normal_temperature(t), o, o.children,
-                                          state, work, path)
-        else:
-            a, final, bad = _sampled_walk(target, tokens, arrays, o, i, normal_temperature(t),
-                                          (first, after), token_work)
-        error = max(error, 1 if bad else 0)
-        out_accepted[i] = a
-        for j in range(out_tokens.shape[1]):
-            out_tokens[i, j] = tokens[i, path[j]] if j < a else (final if j == a else -1)
-            out_nodes[i, j] = path[j] if j < a else -1
-    return error
-
-
-@numba.njit(inline="always", **JIT)
-def _token_work(o, v_size, path):
-    """The token-level walk's rows ``(scratch, qbuf, res, path)``; empty for a traversal call."""
-    v = 0 if o.block else v_size
-    return (np.empty(v, dtype=np.float32),
-            np.empty(v if o.children == 2 else 0, dtype=np.float32),
-            np.empty((2, v), dtype=np.float32), path)
-
-
-@numba.njit(inline="always", **JIT)
-def _traversal_work(o, n_slots, v_size):
-    """The traversal walk's per-node state ``(fs, ns, w)`` and per-level rows ``(bufs, qbufs,
-    scratch)``; empty (no rows) for a token-level call."""
-    levels = min(o.max_depth, n_slots - 1) + 1 if o.block else 0
-    v = v_size if o.block else 0
-    state = (np.empty((5, n_slots), dtype=np.float32), np.empty((5, n_slots), dtype=np.int64),
-             np.empty(n_slots, dtype=np.float64))
-    work = (np.empty((levels, 2, v), dtype=np.float32),
-            np.empty((levels, v if o.children == 2 else 0), dtype=np.float32),
-            np.empty(v if o.is_logits else 0, dtype=np.float32))
-    return state, work

@@ -244,7 +244,7 @@ def _argmax_of(p, is_logits):
 def tree_arrays(inputs: TreeInputs, kernel: Any
                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
     """``(token_ids, node_ids, num_accepted, ok)`` from validated torch CPU tree inputs, by
-    ``kernel`` (``traversal.walk``, the tree family's one entry kernel: this module's walks
+    ``kernel`` (``entries.walk``, the tree family's one entry kernel: this module's walks
     and the traversal walk)."""
     b, v = inputs.batch_size, inputs.vocab_size
     target, q = inputs.target, inputs.draft_probs
@@ -258,7 +258,8 @@ def tree_arrays(inputs: TreeInputs, kernel: Any
     record = call_record(inputs.target_is_logits, inputs.all_greedy,
                          inputs.typical if inputs.sampled_method == "typical" else None,
                          inputs.check_read_values, atol=atol, q_atol=q_atol, children=mode,
-                         max_depth=width - 1, block=inputs.sampled_method == "traversal")
+                         max_depth=width - 1,
+                         sequence_level=inputs.sampled_method == "traversal")
     u = EMPTY_F32_2 if inputs.uniforms is None else host_array(inputs.uniforms, np.float32)
     arrays = (host_array(inputs.parents, np.int64), host_array(inputs.num_nodes, np.int64), q,
               host_array(inputs.temperature, np.float32), u)
