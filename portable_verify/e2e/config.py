@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from portable_verify.core.types import DEFAULT_TYPICAL, TypicalParams
+from portable_verify.integrations.hf import DRAFT_MODES
 
 PROMPTS: tuple[str, ...] = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -66,7 +67,6 @@ of ``--quick``, so it adds no chain); the best tree of the int4 trial and within
 int8 sweep's best (docs/e2e.md, "Trees, budgets and drafts on the OpenVINO runtime")."""
 SWEEP_KS: tuple[int, ...] = tuple(range(1, 9))
 """Chain budgets ``--sweep`` tries when ``--k`` is not given."""
-DRAFT_MODES: tuple[str, ...] = ("sampled", "argmax")
 
 
 def default_runtime(dtype: str = "float32") -> tuple[str, str]:

@@ -193,7 +193,7 @@ class DynamicDrafter:
 
     def __post_init__(self) -> None:
         if self.frontier < 1:
-            raise ValueError(f"frontier must be >= 1, got {self.frontier}")
+            raise ValueError(f"dynamic drafter: frontier must be >= 1, got {self.frontier}")
 
     def __call__(self, draft: hf.StepModel, cache: Any, root_logits: torch.Tensor,
                  roots: Any, root_pos: Any, shape: TreeShape, how: Drafting) -> DraftTree:
@@ -339,10 +339,7 @@ def get_drafter(name: str) -> Drafter:
     drafts, docs/e2e.md); an unknown name is a ``ValueError`` listing the known."""
     match = re.fullmatch(r"dynamic:(\d+)", name)
     if match:
-        frontier = int(match[1])
-        if frontier < 1:
-            raise ValueError(f"drafter dynamic:F needs a frontier F >= 1, got {name!r}")
-        return DynamicDrafter(frontier)
+        return DynamicDrafter(int(match[1]))
     if name not in DRAFTERS:
         raise ValueError(f"drafter must be one of {sorted(DRAFTERS)} or dynamic:F (F frontier "
                          f"nodes, e.g. dynamic:3), got {name!r}")
