@@ -183,6 +183,38 @@ def test_sweep_runs_end_to_end_with_flatness_and_plot(monkeypatch, pair, tmp_pat
         assert (tmp_path / "s.png").stat().st_size > 1000
 
 
+def _rendered(data: dict, width: int) -> list[str]:
+    import io
+
+    from rich.console import Console
+
+    from portable_verify.cli import e2e as e2e_cli
+
+    console = Console(width=width, file=io.StringIO(), color_system=None)
+    e2e_cli._render_all(data, console)
+    return console.file.getvalue().splitlines()
+
+
+def test_e2e_tables_fit_100_columns_without_cutting_a_cell(monkeypatch, pair):
+    """The results table and the sweep's, with the longest names and acceptance lists the
+    command prints (a dynamic sampled tree, k = 8), at 100 columns: no line wider, no cell cut
+    (rich marks a cut with an ellipsis), every long name's words kept. Negative control: at 60
+    columns the same tables must show a cut, or this check could not see one."""
+    runner = _tiny(monkeypatch, pair, prompts=2)
+    cfg = E2EConfig(method="greedy", ks=(1, 8), max_new_tokens=8, num_prompts=2, rounds=1,
+                    sweep=True)
+    data = runner.run_e2e(cfg)
+    long_name = "tree 4x6:12 dynamic sampled"
+    data["results"][-1]["name"] = data["sweep"]["configs"][-1]["name"] = long_name
+    lines = _rendered(data, 100)
+    text = "\n".join(lines)
+    assert max(len(line) for line in lines) <= 100
+    assert "\u2026" not in text
+    for word in ("target-only", "reference", "dynamic", "sampled", "spec k=1"):
+        assert word in text, word
+    assert any("\u2026" in line for line in _rendered(data, 60))
+
+
 # --- the default command ---------------------------------------------------------------------
 
 def test_default_runtime_rule(monkeypatch):

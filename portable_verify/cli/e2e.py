@@ -267,25 +267,40 @@ def _fmt(x: float | None, spec: str = ".2f") -> str:
 
 
 def _speedup(r: dict[str, Any]) -> str:
+    """The speed-up over target-only, the per-trial range on a second line."""
+    if not r["k"]:
+        return "1.00x"
     s = r.get("speedup_spread")
     text = _fmt(r["speedup_vs_target_only"]) + "x"
-    if s and s["n"] > 1:
-        text += f" ({_fmt(s['min'])}-{_fmt(s['max'])})"
-    return text
+    return text + f"\n{_fmt(s['min'])}-{_fmt(s['max'])}" if s and s["n"] > 1 else text
+
+
+RESULT_COLUMNS: tuple[str, ...] = ("config", "tokens/s", "speed-up", "tok/fwd",
+                                   "accepted by position", "step ms", "split %", "greedy")
+"""The results table's columns: short headers and cells that never break, so that the table
+fits 100 columns without cutting a cell; only :data:`WRAPPING` columns wrap, at their spaces
+(a test renders the table at that width)."""
+WRAPPING = ("config", "accepted by position")
+"""The columns whose cells wrap at spaces ("tree 3x2:4 dynamic", one rate per position)."""
+LEGEND = ("speed-up: over target-only, per-trial range below; tok/fwd: tokens per target "
+          "forward; split: draft / target / verify share of decode time")
+"""Printed under the table: what its short headers mean."""
 
 
 def render(data: dict[str, Any], console: Any) -> None:
     """The results table and the context lines."""
+    from rich import box
     from rich.table import Table
 
     ctx, cfg = data["context"], data["config"]
     table = Table(title=f"e2e ({ctx['runtime']} runtime): target {ctx['target']}, draft "
                         f"{ctx['draft']}, method {cfg['method']}, batch {cfg['batch']}, "
                         f"{ctx['threads']} thread(s), {ctx['clock']} clock",
-                  title_justify="left")
-    for col in ("config", "tokens/s", "speed-up (min-max)", "tokens/target fwd",
-                "accept rate by position", "step ms", "draft/target/verify %", "greedy"):
-        table.add_column(col, justify="left" if col in ("config", "greedy") else "right")
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for col in RESULT_COLUMNS:
+        table.add_column(col, justify="left" if col in ("config", "greedy") else "right",
+                         no_wrap=col not in WRAPPING,
+                         min_width=len("target-only") if col == "config" else None)
     for r in data["results"]:
         if "greedy_equal" in r:
             check = ("[green]equal[/]" if r["greedy_equal"] else "[bold red]MISMATCH[/]") \
@@ -293,11 +308,13 @@ def render(data: dict[str, Any], console: Any) -> None:
         else:
             check = "n/a" if r["k"] else "reference"
         table.add_row(
-            r["name"], _fmt(r["tokens_per_s"], ".1f"), _speedup(r) if r["k"] else "1.00x",
+            r["name"], _fmt(r["tokens_per_s"], ".1f"),
+            _speedup(r),
             _fmt(r["tokens_per_target_forward"]),
             " ".join(_fmt(x) for x in r["acceptance_rate_per_position"]) or "-",
             _fmt(1e3 * r["mean_step_time_s"], ".1f"), _split(r) if r["k"] else "-", check)
     console.print(table)
+    console.print(f"[dim]{LEGEND}[/]")
     for t in data.get("tree_comparison", []):
         g, r = t["accepted_per_forward_gain_spread"], t["tokens_per_s_ratio_spread"]
         console.print(
