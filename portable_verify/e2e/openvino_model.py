@@ -279,8 +279,8 @@ class SlotCache:
         rows, cols = np.nonzero(idx >= 0)
         tail[rows, idx[rows, cols]] = True
         self.live[:, mark:] = tail
-        self._note_dead()
-        if self.removable > self.bound:
+        longest = self._note_dead()
+        if self.mark() - longest > self._bound(longest):  # what a compaction would remove
             self.compact()
 
     @property
@@ -297,12 +297,22 @@ class SlotCache:
 
     @property
     def bound(self) -> int:
+        """The removable slots past which :meth:`keep` compacts."""
+        return self._bound(int(self.live.sum(1).max()) if self.live.size else 0)
+
+    def _bound(self, longest: int) -> int:
         if self.max_dead is not None:
             return self.max_dead
-        return max(DEAD_SLOTS_FLOOR, math.isqrt(DEAD_SLOTS_SCALE * (self.mark() - self.removable)))
+        return max(DEAD_SLOTS_FLOOR, math.isqrt(DEAD_SLOTS_SCALE * longest))
 
-    def _note_dead(self) -> None:
-        self.most_dead = max(self.most_dead, self.dead_slots)
+    def _note_dead(self) -> int:
+        """Note the most dead slots of any row; return the longest row's live slots (one pass
+        over ``live`` per step for both)."""
+        if self.live.size == 0:
+            return 0
+        counts = self.live.sum(1)
+        self.most_dead = max(self.most_dead, self.mark() - int(counts.min()))
+        return int(counts.max())
 
     def compact(self) -> None:
         """Rewrite every layer's state with each row's live slots first, in their order; a
