@@ -9,7 +9,9 @@ each against target-only decoding of the same batch in the same round.
 Paired rules (``method="block"`` on chains, ``method="traversal"`` on trees) run as two
 configurations alternated ABAB over trials, each step of each judged by both rules on identical
 inputs (:class:`~portable_verify.e2e.paired.ShadowVerifier`); intervals are over trials (one
-prompt batch in one round), never over steps.
+prompt batch in one round), never over steps. Under traversal at T > 0 each tree step's spine
+is also judged as a chain by rejection and block (:class:`~portable_verify.e2e.paired.
+SpineShadow`): the tree rules against the chain on identical steps.
 """
 
 from __future__ import annotations
