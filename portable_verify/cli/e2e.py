@@ -335,6 +335,8 @@ def render(data: dict[str, Any], console: Any) -> None:
         console.print(_mode_line(c))
     for c in data.get("traversal_comparison", []):
         console.print(_traversal_line(c))
+        for line in _spine_lines(data.get("tree_vs_chain_same_steps", []), c["tree"]):
+            console.print(line)
     flags = ",".join(ctx["cpu_flags"]) or "none found"
     console.print(f"[dim]{ctx['note']}; {_conversion(ctx['conversion_time_s'])}, "
                   f"load {ctx['load_time_s']:.1f} s; CPU {ctx['machine']['cpu']} "
@@ -463,6 +465,34 @@ def _traversal_line(c: dict[str, Any]) -> str:
             f"{c['same_step_row_steps']} steps: {c['same_step_positive']} more, "
             f"{c['same_step_negative']} fewer); whole runs {_interval(c['gain_runs'])}; "
             f"tokens/s ratio per trial {ratio}")
+
+
+def _short_interval(g: dict[str, Any]) -> str:
+    """``+0.123 [+0.045,+0.201]``: a difference with its 95% interval, in 22 columns."""
+    if g["low"] is None:
+        return f"{g['mean']:+.3f} [n={g['n']}]"
+    return f"{g['mean']:+.3f} [{g['low']:+.3f},{g['high']:+.3f}]"
+
+
+def _spine_lines(rows: list[dict[str, Any]], tree: str) -> list[str]:
+    """One line per tree (and drafter, draft mode): accepted drafts per step of the tree rule
+    minus the chain rule's on the tree's spine, same steps, 95% interval over ``n`` trials, for
+    the like-for-like pairs (token-level - rejection, traversal - block); within 100 columns
+    for tree labels up to 8 characters."""
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in rows:
+        if r["tree"] == tree:
+            groups.setdefault((r.get("drafter"), r.get("draft_mode")), []).append(r)
+    lines = []
+    for members in groups.values():
+        by = {(r["tree_rule"], r["chain_rule"]): r for r in members}
+        parts = [f"{name} {_short_interval(by[key]['gain_same_steps'])}"
+                 for key, name in ((("rejection", "rejection"), "rej-rej"),
+                                   (("traversal", "block"), "trav-block")) if key in by]
+        if parts:
+            lines.append(f"tree {tree} - spine chain, n={members[0]['trials']}: "
+                         + ", ".join(parts))
+    return lines
 
 
 def _split(r: dict[str, Any]) -> str:

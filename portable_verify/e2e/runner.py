@@ -9,7 +9,9 @@ each against target-only decoding of the same batch in the same round.
 Paired rules (``method="block"`` on chains, ``method="traversal"`` on trees) run as two
 configurations alternated ABAB over trials, each step of each judged by both rules on identical
 inputs (:class:`~portable_verify.e2e.paired.ShadowVerifier`); intervals are over trials (one
-prompt batch in one round), never over steps.
+prompt batch in one round), never over steps. Under traversal at T > 0 each tree step's spine
+is also judged as a chain by rejection and block (:class:`~portable_verify.e2e.paired.
+SpineShadow`): the tree rules against the chain on identical steps.
 """
 
 from __future__ import annotations
@@ -34,9 +36,12 @@ from portable_verify.e2e.paired import (
     PAIRED_METHODS,
     TREE_PAIRED_METHODS,
     ShadowVerifier,
+    SpineShadow,
     mean_interval,
     per_trial_data,
     round_means,
+    spine_refusal,
+    tree_vs_chain,
 )
 from portable_verify.e2e.runtimes import Engines, load_engines
 from portable_verify.e2e.tree_loop import TreeLoopMetrics, TreeShape, tree_generate
@@ -69,6 +74,9 @@ class Contender:
     # Trees under traversal, per trial: (traversal's, the token-level rule's) accepted drafts
     # per step, both judged on that step's identical inputs.
     same_step_accepted: list[tuple[list[int], list[int]]] = field(default_factory=list)
+    # Trees under traversal at T > 0, per trial: each step's tree rules and the chain rules on
+    # its spine (paired.SpineShadow.steps), where the spine is a chain draft.
+    spine_steps: list[dict[str, list[int]]] = field(default_factory=list)
 
     def summary(self, greedy: bool, baseline_tokens_per_s: float) -> dict[str, Any]:
         """Plain data: the loop's metrics, the speed-up with its spread, the greedy check."""
@@ -285,16 +293,25 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
             if cfg.method == "traversal" else None
         children = "deterministic" if run.draft_mode == "argmax" or run.drafter == "ngram" \
             else cfg.children  # the n-gram trie's children are chosen, never drawn
+        spine = SpineShadow(clock, shadow or verify_tree) if shadow is not None \
+            and spine_refusal(run.drafter, 0.0 if greedy else cfg.temperature,
+                              children) is None else None
         out = tree_generate(engines.target, engines.draft, ids, attention_mask=mask,
                             max_new_tokens=n, shape=run.tree, method=run.method,
                             temperature=cfg.temperature, seed=seed, eos_token_id=eos,
                             pad_token_id=pad, children=children,
                             drafter=tree_drafters.get_drafter(run.drafter),
-                            verifier=shadow or verify_tree, clock=clock)
-        if shadow is not None:  # the shadow call is the measurement's, not the run's
-            out.metrics.verify_time_s -= shadow.shadow_time_s
-            out.metrics.decode_time_s -= shadow.shadow_time_s
+                            verifier=spine or shadow or verify_tree, clock=clock)
+        for s in (shadow, spine):  # the shadow calls are the measurement's, not the run's
+            if s is not None:
+                out.metrics.verify_time_s -= s.shadow_time_s
+                out.metrics.decode_time_s -= s.shadow_time_s
+        if shadow is not None:
             run.same_step_accepted.append(shadow.accepted())
+        if spine is not None and shadow is not None:
+            other = TREE_PAIRED_METHODS[1] if run.method == TREE_PAIRED_METHODS[0] \
+                else TREE_PAIRED_METHODS[0]
+            run.spine_steps.append(spine.steps(run.method, (other, shadow.other)))
         return out
 
     def generate(run: Contender, ids: torch.Tensor, mask: torch.Tensor, n: int,
@@ -324,6 +341,7 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
         generate(run, ids0, mask0, 4, cfg.seed)
         run.same_step_diffs.clear()
         run.same_step_accepted.clear()
+        run.spine_steps.clear()
     reference: dict[int, list[list[int]]] = {}
     total = cfg.rounds * len(batches) * len(runs)
     done = 0
@@ -431,6 +449,9 @@ def _report(cfg: E2EConfig, engines: Engines, runs: list[Contender],
         data["traversal_comparison"] = [
             traversal_comparison(runs, TreeShape.parse(t), data["num_batches"])
             for t in cfg.trees]
+        data["tree_vs_chain_same_steps"] = [
+            row for t in cfg.trees for row in spine_comparison(runs, TreeShape.parse(t),
+                                                               data["num_batches"])]
     return data
 
 
@@ -550,6 +571,25 @@ def traversal_comparison(runs: list[Contender], shape: TreeShape,
         "tokens_per_s_ratio": spread([a / b for a, b in zip(trav.tokens_per_s, tok.tokens_per_s,
                                                           strict=True) if b]),
     }
+
+
+def spine_comparison(runs: list[Contender], shape: TreeShape,
+                     per_round: int = 1) -> list[dict[str, Any]]:
+    """Each tree rule on tree ``shape`` against the chain rules on its spine, on the same steps
+    (both tree runs' steps, trial by trial; :func:`paired.tree_vs_chain`). Empty when the
+    tree's spine is not a chain draft (greedy, argmax trees, other drafters)."""
+    out = []
+    for drafter in dict.fromkeys(r.drafter for r in runs if r.tree == shape):
+        for mode in dict.fromkeys(r.draft_mode for r in runs if r.tree == shape):
+            pair = [r for r in runs if r.tree == shape and r.drafter == drafter
+                    and r.draft_mode == mode and r.spine_steps]
+            if len(pair) != len(TREE_PAIRED_METHODS):
+                continue
+            trials = [{k: a.get(k, []) + b.get(k, []) for k in a.keys() | b.keys()}
+                      for a, b in zip(*(r.spine_steps for r in pair), strict=True)]
+            for row in tree_vs_chain(trials, shape.label, per_round):
+                out.append({**row, "drafter": drafter, "draft_mode": mode})
+    return out
 
 
 def _relative(diff: dict[str, Any], base: float) -> dict[str, float | None] | None:
