@@ -14,10 +14,7 @@ from typing import Any
 
 from portable_verify.cli import checks
 from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
-from portable_verify.cli.progress import Progress, add_quiet_option, verdict
-
-NARROW_WIDTH = 100
-"""Render width when stdout is not a terminal (a log, CI, ``| tee``)."""
+from portable_verify.cli.progress import NARROW_WIDTH, Progress, add_quiet_option, verdict
 
 
 def add_parser(subparsers: Any) -> None:

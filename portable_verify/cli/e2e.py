@@ -13,7 +13,7 @@ from typing import Any
 
 from portable_verify.cli import checks
 from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
-from portable_verify.cli.progress import Progress, add_quiet_option, verdict
+from portable_verify.cli.progress import NARROW_WIDTH, Progress, add_quiet_option, verdict
 from portable_verify.e2e.config import (
     DEFAULT_TREES,
     PRESETS,
@@ -533,7 +533,7 @@ def run(args: argparse.Namespace) -> int:
 
         sweep.plot(args.plot, data)
     console = Console() if not to_stdout(args) else err
-    console = console if console.is_terminal else Console(width=150, stderr=console.stderr)
+    console = console if console.is_terminal else Console(width=NARROW_WIDTH, stderr=console.stderr)
     _render_all(data, console)
     problems = mismatches(data)
     for line in problems:

@@ -14,6 +14,9 @@ import time
 from typing import Any
 
 PLAIN_EVERY_S = 10.0
+NARROW_WIDTH = 100
+"""Render width of results when their stream is not a terminal (a log, CI, ``| tee``): every
+table a command prints fits it (tests render them at this width)."""
 
 
 def add_quiet_option(parser: Any) -> None:
