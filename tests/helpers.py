@@ -15,7 +15,6 @@ def random_logits(b: int, k: int, v: int, seed: int = 0) -> torch.Tensor:
 
 def contract_problem(result: Any, b: int, k: int, v: int) -> str | None:
     """What breaks the output contract (shapes, counts, ids in [0, V) then -1), or None."""
-    """What breaks the output contract (shapes, counts, ids in [0, V) then -1), or None."""
     tokens = np.asarray(torch.as_tensor(result.token_ids).cpu())
     accepted = np.asarray(torch.as_tensor(result.num_accepted).cpu())
     emitted = np.asarray(torch.as_tensor(result.num_emitted).cpu())
@@ -90,3 +89,21 @@ class Batched:
         allowed = torch.cat([visible.new_ones(*visible.shape[:2], mark), visible], 2)
         mask = torch.zeros(allowed.shape).masked_fill_(~allowed, torch.finfo(torch.float32).min)
         return self.step.logits(ids, cache, pos, mask[:, None], last_only)
+
+
+def tiny_e2e_runner(monkeypatch: Any, pair: tuple[Any, Any],
+                    batches: list[tuple[torch.Tensor, torch.Tensor]]) -> Any:
+    """The e2e runner (and the default command) on a tiny model pair: no model files, no
+    tokenizer; ``batches`` are the prompt batches ``(ids, attention_mask)`` it runs."""
+    from types import SimpleNamespace
+
+    from portable_verify.e2e import default_run, runner
+    from portable_verify.e2e.runtimes import Engines
+
+    target, draft = pair
+    tok = SimpleNamespace(eos_token_id=None, pad_token_id=0)
+    engines = Engines(target, draft, tok, "tiny target", "tiny draft", 0.0, 0.0)
+    for module in (runner, default_run):
+        monkeypatch.setattr(module, "load_engines", lambda cfg, say: engines)
+    monkeypatch.setattr(runner, "prompt_batches", lambda tokenizer, cfg: batches)
+    return runner

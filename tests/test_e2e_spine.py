@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from helpers import perturbed
+from helpers import perturbed, tiny_e2e_runner
 
 from portable_verify import verify, verify_tree
 from portable_verify.core import rng
@@ -266,19 +266,9 @@ def test_the_cli_line_fits_in_100_columns():
 
 
 def _tiny_runner(monkeypatch, pair):
-    from types import SimpleNamespace
-
-    from portable_verify.e2e import runner
-    from portable_verify.e2e.runtimes import Engines
-
-    target, draft = pair
-    tok = SimpleNamespace(eos_token_id=None, pad_token_id=0)
-    engines = Engines(target, draft, tok, "tiny target", "tiny draft", 0.0, 0.0)
+    """The e2e runner on the tiny pair, two one-prompt batches."""
     prompts = [(_prompt(s), torch.ones(1, 6, dtype=torch.int64)) for s in (5, 6)]
-    monkeypatch.setattr(runner, "load_engines", lambda cfg, say: engines)
-    monkeypatch.setattr(runner, "prompt_batches", lambda tokenizer, cfg: prompts)
-    return runner
-
+    return tiny_e2e_runner(monkeypatch, pair, prompts)
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_e2e_reports_the_tree_rules_against_the_spine(monkeypatch, pair, temperature):

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 pytest.importorskip("transformers")
+
+from helpers import tiny_e2e_runner
 
 from portable_verify import verify
 from portable_verify.cli import main as cli
@@ -76,21 +77,11 @@ def test_draft_mode_is_checked(pair):
 # --- the runner: modes side by side ----------------------------------------------------------
 
 def _tiny(monkeypatch, pair, prompts: int = 2):
-    """The e2e runner on the tiny pair: no model files, no tokenizer; ``prompts`` batches."""
-    from portable_verify.e2e import default_run, runner
-    from portable_verify.e2e.runtimes import Engines
-
-    target, draft = pair
-    tok = SimpleNamespace(eos_token_id=None, pad_token_id=0)
-    engines = Engines(target, draft, tok, "tiny target", "tiny draft", 0.0, 0.0)
+    """The e2e runner on the tiny pair: ``prompts`` one-prompt batches of growing length."""
     g = torch.Generator().manual_seed(5)
     batches = [(torch.randint(3, VOCAB, (1, 4 + i), generator=g),
                 torch.ones(1, 4 + i, dtype=torch.int64)) for i in range(prompts)]
-    for module in (runner, default_run):
-        monkeypatch.setattr(module, "load_engines", lambda cfg, say: engines)
-    monkeypatch.setattr(runner, "prompt_batches", lambda tokenizer, cfg: batches)
-    return runner
-
+    return tiny_e2e_runner(monkeypatch, pair, batches)
 
 def test_draft_modes_run_side_by_side(monkeypatch, pair):
     """``--method block --draft-mode sampled,argmax``: four chains per k, block vs rejection

@@ -17,6 +17,8 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 
+from helpers import tiny_e2e_runner  # noqa: E402
+
 from portable_verify.e2e import tree_loop  # noqa: E402
 from portable_verify.e2e.tree_loop import TreeShape, tree_generate  # noqa: E402
 from portable_verify.integrations import hf, models  # noqa: E402
@@ -445,20 +447,9 @@ def test_the_shadow_judges_each_tree_step_on_identical_inputs(pair, children):
 
 
 def _tiny_runner(monkeypatch, pair):
-    """The e2e runner on the tiny pair: no model files, no tokenizer."""
-    from types import SimpleNamespace
-
-    from portable_verify.e2e import runner
-    from portable_verify.e2e.runtimes import Engines
-
-    target, draft = pair
-    tok = SimpleNamespace(eos_token_id=None, pad_token_id=0)
-    engines = Engines(target, draft, tok, "tiny target", "tiny draft", 0.0, 0.0)
+    """The e2e runner on the tiny pair, two one-prompt batches."""
     prompts = [(_prompt(s), torch.ones(1, 6, dtype=torch.int64)) for s in (5, 6)]
-    monkeypatch.setattr(runner, "load_engines", lambda cfg, say: engines)
-    monkeypatch.setattr(runner, "prompt_batches", lambda tokenizer, cfg: prompts)
-    return runner
-
+    return tiny_e2e_runner(monkeypatch, pair, prompts)
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_e2e_traversal_runs_beside_the_token_level_rule(monkeypatch, pair, temperature):
