@@ -308,8 +308,7 @@ def render(data: dict[str, Any], console: Any) -> None:
         else:
             check = "n/a" if r["k"] else "reference"
         table.add_row(
-            r["name"], _fmt(r["tokens_per_s"], ".1f"),
-            _speedup(r),
+            r["name"], _fmt(r["tokens_per_s"], ".1f"), _speedup(r),
             _fmt(r["tokens_per_target_forward"]),
             " ".join(_fmt(x) for x in r["acceptance_rate_per_position"]) or "-",
             _fmt(1e3 * r["mean_step_time_s"], ".1f"), _split(r) if r["k"] else "-", check)
