@@ -197,13 +197,13 @@ class SpineShadow:
     shadow_time_s: float = 0.0
 
     def __call__(self, tokens: torch.Tensor, parents: torch.Tensor, **kw: Any) -> Any:
-        result = self.fn(tokens, parents, **kw)
-        t0 = self.clock()
         if kw.get("draft_probs") is None or kw.get("children") not in SAMPLED_CHILDREN:
             raise ValueError("draft_probs: the spine is a chain draft only for children drawn "
                              f"from draft rows ({SAMPLED_CHILDREN}), got children="
                              f"{kw.get('children')!r} with"
                              f"{'out' if kw.get('draft_probs') is None else ''} draft_probs")
+        result = self.fn(tokens, parents, **kw)
+        t0 = self.clock()
         depth = kw.get("max_depth") or tokens.shape[1] - 1
         c = spine_chain(tokens, parents, kw["target_logits"], kw["draft_probs"], depth,
                         kw.get("seed"), kw.get("seed_offset"))

@@ -293,7 +293,7 @@ def _measure(cfg: E2EConfig, engines: Engines, say: Progress) -> list[Contender]
             if cfg.method == "traversal" else None
         children = "deterministic" if run.draft_mode == "argmax" or run.drafter == "ngram" \
             else cfg.children  # the n-gram trie's children are chosen, never drawn
-        spine = SpineShadow(clock, shadow or verify_tree) if shadow is not None \
+        spine = SpineShadow(clock, shadow) if shadow is not None \
             and spine_refusal(run.drafter, 0.0 if greedy else cfg.temperature,
                               children) is None else None
         out = tree_generate(engines.target, engines.draft, ids, attention_mask=mask,
