@@ -370,23 +370,45 @@ def test_two_level_draw_matches_the_plain_scan() -> None:
 def test_gpu_check_refuses_without_a_gpu_and_rehearses_on_cpu(tmp_path: Path,
                                                               capsys: pytest.CaptureFixture[str]
                                                               ) -> None:
+    from portable_verify.bench.gpu_check import SECTION_SHARES
     from portable_verify.cli.main import main
 
     if not torch.cuda.is_available():
         assert main(["gpu-check", "--out", str(tmp_path / "refused")]) == 2
         assert "no CUDA device" in capsys.readouterr().err
-    rc = main(["gpu-check", "--dry-run", "--out", str(tmp_path), "--tests",
-               str(tmp_path / "no-tests"), "--json", str(tmp_path / "copy.json")])
+    rc = main(["gpu-check", "--dry-run", "--out", str(tmp_path), "--tests", "tests",
+               "--json", str(tmp_path / "copy.json")])
     data = json.loads((tmp_path / "gpu_check.json").read_text())
-    assert rc == 0 and all(data["summary"].values()), data["summary"]
-    assert data["verdict"]["small_v_exact"] is True
-    assert data["verdict"]["bench_cells"] > 0  # the bench grid itself ran on the device
-    assert data["verdict"]["tree_small_v_exact"] is True  # the Triton tree kernel, interpreted
-    assert data["verdict"]["tree_speed_cells"] > 0
+    sections = data["sections"]
+    assert list(sections) == [name for name, _ in SECTION_SHARES]  # the issue's order
+    for name in ("environment", "targets", "kit_quick", "device_tests"):
+        assert sections[name]["ok"], (name, sections[name])
+    env = sections["environment"]["result"]
+    assert env["chains"]["small_v_all_exact"] and env["trees"]["small_v_all_exact"]
+    assert sections["kit_quick"]["result"]["checks"]["PASS"] >= 2  # both backends, one check
+    assert sections["device_tests"]["result"]["returncode"] == 0
+    launches = sections["targets"]["result"]["launches"]["cells"]
+    assert {c["door"] for c in launches} == {"padded", "ragged", "rows", "vllm_v1", "vllm_v2"}
+    assert not [c for c in launches if "error" in c]  # every door ran on the interpreter
+    assert rc == (0 if all(data["summary"].values()) else 1)
     assert json.loads((tmp_path / "copy.json").read_text())["verdict"] == data["verdict"]
     out = capsys.readouterr().out.splitlines()  # the one-line verdict ends standard output
-    assert out[-1].startswith(f"gpu-check: {len(data['summary'])} of {len(data['summary'])} "
-                              "sections ok"), out
+    ok = sum(data["summary"].values())
+    assert out[-1].startswith(f"gpu-check: {ok} of {len(sections)} sections ok"), out
+
+
+def test_gpu_check_fails_a_section_whose_subprocess_fails(tmp_path: Path) -> None:
+    """Negative control: a subprocess that exits non-zero fails its section (the first GPU run
+    printed "7 of 8 sections ok" over a pytest exit status of 1)."""
+    from portable_verify.bench import gpu_check
+
+    check = gpu_check.GpuCheck(out=tmp_path, budget_s=60, dry_run=True)
+    result = check.section("device_tests", 1.0, lambda: gpu_check._subprocess(
+        check, "fails", [sys.executable, "-c", "raise SystemExit(1)"]), lambda _: None)
+    assert result["ok"] is False and result["result"]["failures"] == ["fails exited 1"]
+    passed = check.section("device_tests", 1.0, lambda: gpu_check._subprocess(
+        check, "passes", [sys.executable, "-c", "pass"]), lambda _: None)
+    assert passed["ok"] is True
 
 
 def _synthetic_cells() -> list[dict]:

@@ -1,15 +1,23 @@
-"""The GPU check: one prepared run on a machine with an NVIDIA GPU, exactness first, then speed.
+"""The GPU check: one prepared run on a machine with an NVIDIA GPU, within a lease.
 
-Why one run: GPU machines are lent briefly, so everything worth knowing (do the kernels decide
-like the numpy reference, do they survive CUDA-graph capture, how fast are they beside the
-torch backend and the memory-read floor, do the tests and the quick conformance kit pass on
-the device) is gathered by one command, each section guarded, and the JSON rewritten after
-every section so a time-out still leaves what was measured.
+Why this shape: GPU machines are lent briefly and start bare (Triton compiles every kernel from
+scratch), so one command gathers everything worth knowing in sections of fixed order, each with
+its own share of the budget and saved to ``OUT/gpu_check.json`` the moment it ends, so a lease
+that runs out still leaves what was measured:
 
-Speed reuses the benchmark itself (:mod:`portable_verify.bench.run`: its shapes, variants,
-interleaved harness, dense baseline and floor); cases come from the test suite's one builder
-(:mod:`portable_verify.testing.cases.random_cases`). ``dry_run`` rehearses every section on the
-CPU (kernels through Triton's interpreter, tiny shapes) so the check itself stays tested.
+1. ``environment``: the machine, versions, backend status, and the warm-up of every kernel
+   variant, which is the exactness sweep itself (every chain method x input form and tree
+   mode x rule on small shapes, each row against the numpy reference);
+2. ``targets``: issue "Verification at the speed of the GPU"'s cells (:mod:`gpu_targets`);
+3. ``capture``: CUDA-graph capture and replay per variant, ``torch.compile(fullgraph=True)``;
+4. ``kit_quick``: the quick conformance kit on ``triton:cuda`` and ``torch:cuda``;
+5. ``device_tests``: the device-parametrised tests with ``PORTABLE_VERIFY_TEST_DEVICE=cuda``;
+6. ``kit_full``: the whole kit with the time left, reported as cut when cut.
+
+A section fails when it raises, when a subprocess exits non-zero, or when its checks fail; the
+verdict reads every section and lists every target on a line of its own. Neither vLLM nor
+FlashInfer is needed (the lent machine has neither). ``dry_run`` rehearses every section on
+the CPU (kernels through Triton's interpreter, tiny shapes) so the check itself stays tested.
 """
 
 from __future__ import annotations
@@ -28,18 +36,28 @@ from typing import Any
 import torch
 
 import portable_verify as pv
-from portable_verify.bench import environment, gpu_check_tree
-from portable_verify.bench.cases import FULL_SHAPES, VARIANTS, make_inputs
-from portable_verify.bench.run import BenchConfig
-from portable_verify.bench.run import run as run_bench
+from portable_verify.bench import environment, gpu_check_tree, gpu_targets
+from portable_verify.bench.cases import VARIANTS, make_inputs
+from portable_verify.core import methods
 from portable_verify.testing.cases.random_cases import CaseSpec, build_case
 
 EXACT_SHAPES = ((6, 3, 37), (8, 4, 64), (5, 2, 1000), (4, 4, 32000), (2, 3, 128256))
 DRY_EXACT_SHAPES = ((3, 2, 37), (2, 2, 70))
-DRY_BENCH_SHAPES = ((1, 2, 64), (2, 2, 96))
 SMALL_VOCAB = 1000
 """At or below it the kernels must agree with the reference exactly; above it float32 sums in
 a different order may flip near-ties (the agreement rate is reported beside torch's)."""
+INPUT_FORMS = ("logits", "probs", "logits+q", "probs+q")
+REQUIRED_ON_GPU = "triton:cuda,torch:cuda"
+"""``PORTABLE_VERIFY_REQUIRE_BACKENDS`` for the check's subprocesses: on a GPU both must run."""
+DEVICE_TESTS = ("test_triton.py", "test_triton_tree.py", "test_traversal_backends.py",
+                "test_vllm_v1_sampler.py")
+"""Test files that build their tensors on ``PORTABLE_VERIFY_TEST_DEVICE`` (docs/testing.md)."""
+
+SECTION_SHARES: tuple[tuple[str, float], ...] = (
+    ("environment", 0.22), ("targets", 0.30), ("capture", 0.07), ("kit_quick", 0.20),
+    ("device_tests", 0.16), ("kit_full", 1.0))
+"""Each section's share of the budget (of what is left for ``kit_full``): the whole run ends
+within ``--budget``; 230 s leaves a lent machine time to start and a second run to fit."""
 
 
 @dataclass
@@ -47,9 +65,10 @@ class GpuCheck:
     """Where and how long: the device, the kernels' backend, the time budget, the output."""
 
     out: Path
-    budget_s: float = 330.0
+    budget_s: float = 230.0
     dry_run: bool = False
     started: float = field(default_factory=time.monotonic)
+    section_ends: float = float("inf")
     data: dict[str, Any] = field(default_factory=lambda: {"sections": {}})
 
     @property
@@ -65,19 +84,27 @@ class GpuCheck:
         return "torch:cpu" if self.dry_run else "torch:cuda"
 
     def left(self) -> float:
-        return self.budget_s - (time.monotonic() - self.started)
+        """Seconds left to the current section (never past the whole budget)."""
+        whole = self.budget_s - (time.monotonic() - self.started)
+        return min(whole, self.section_ends - time.monotonic())
 
-    def section(self, name: str, fn: Callable[[], Any], say: Callable[[str], None]) -> Any:
-        """Run one section, record its result or its error, save the JSON."""
+    def section(self, name: str, share: float, fn: Callable[[], Any],
+                say: Callable[[str], None]) -> dict[str, Any]:
+        """Run one section within ``share`` of the budget; record and save its outcome."""
         t0 = time.monotonic()
-        say(f"== {name} ({self.left():.0f} s left)")
+        whole = self.budget_s - (t0 - self.started)
+        self.section_ends = t0 + max(0.0, min(whole, share * self.budget_s))
+        say(f"== {name} ({self.left():.0f} s of {whole:.0f} s left)")
         try:
-            result: dict[str, Any] = {"ok": True, "result": fn()}
+            value = fn()
+            failures = list(value.get("failures", [])) if isinstance(value, dict) else []
+            result: dict[str, Any] = {"ok": not failures, "result": value}
         except Exception as exc:  # record and go on: every section of a one-shot run counts
             result = {"ok": False, "error": f"{type(exc).__name__}: {exc}",
                       "traceback": traceback.format_exc()[-4000:]}
             say(result["traceback"])
         result["seconds"] = round(time.monotonic() - t0, 2)
+        self.section_ends = float("inf")
         self.data["sections"][name] = result
         self.save()
         return result
@@ -97,7 +124,11 @@ def device_available(dry_run: bool) -> tuple[bool, str]:
     return True, torch.cuda.get_device_name(0)
 
 
-def environment_section() -> dict[str, Any]:
+# ---------------------------------------------------------------- 1. environment and warm-up
+
+
+def environment_and_warm_up(check: GpuCheck) -> dict[str, Any]:
+    """The machine, then every kernel variant compiled by running it against the reference."""
     info: dict[str, Any] = {
         "machine": environment.machine(), "devices": environment.devices(),
         "versions": environment.library_versions(), "torch_cuda": torch.version.cuda,
@@ -107,19 +138,40 @@ def environment_section() -> dict[str, Any]:
         props = torch.cuda.get_device_properties(0)
         info["capability"] = f"{props.major}.{props.minor}"
         info["memory_gib"] = round(props.total_memory / 2**30, 1)
-    return info
+        info["driver"] = _driver_version()
+    status = pv.backend_status()
+    missing = [name for name in (check.kernels, check.torch_backend)
+               if name not in status or not status[name].available]
+    chains = exactness(check)
+    trees = gpu_check_tree.tree_exactness(check, SMALL_VOCAB)
+    failures = [f"{name} is not available here" for name in missing]
+    if not chains["small_v_all_exact"]:
+        failures.append("a chain row differs from the reference at V <= 1000")
+    if not trees["small_v_all_exact"]:
+        failures.append("a tree row differs from the reference at V <= 1000")
+    failures += chains["errors"] + trees.get("errors", [])
+    return {**info, "chains": chains, "trees": trees, "failures": failures}
+
+
+def _driver_version() -> str | None:
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except Exception:  # no nvidia-smi: the version is only reported
+        return None
 
 
 def exactness(check: GpuCheck) -> dict[str, Any]:
     """Per (shape, method, input form): rows whose tokens and accepted counts equal numpy's."""
     rows: list[dict[str, Any]] = []
-    shapes = DRY_EXACT_SHAPES if check.dry_run else EXACT_SHAPES
+    errors: list[str] = []
     seed = 20260601
-    for b, k, v in shapes:
-        for method in ("greedy", "rejection", "typical", "block"):
-            for form in ("logits", "probs", "logits+q", "probs+q"):
-                if check.left() < 200:
-                    return {"rows": rows, "stopped_early": True}
+    for b, k, v in DRY_EXACT_SHAPES if check.dry_run else EXACT_SHAPES:
+        for method in methods.names(methods.CHAIN):
+            for form in INPUT_FORMS:
+                if check.left() < 3:
+                    return _exactness_summary(check, rows, errors, stopped_early=True)
                 seed += 1
                 spec = CaseSpec(b, k, v, seed, temperature="vector", ragged=True).in_form(form)
                 want = pv.verify(**build_case(spec), method=method, backend="numpy")
@@ -131,6 +183,8 @@ def exactness(check: GpuCheck) -> dict[str, Any]:
                                         backend=backend)
                     except Exception as exc:  # the other backend still counts
                         entry[backend] = {"error": f"{type(exc).__name__}: {exc}"[:2000]}
+                        errors.append(f"{backend} {method}/{form} {b},{k},{v}: "
+                                      f"{type(exc).__name__}: {exc}"[:300])
                         continue
                     entry[backend] = {
                         "rows": b,
@@ -138,33 +192,82 @@ def exactness(check: GpuCheck) -> dict[str, Any]:
                         "accepted_equal": int((got.num_accepted.cpu() == want.num_accepted).sum()),
                     }
                 rows.append(entry)
+    return _exactness_summary(check, rows, errors)
+
+
+def _exactness_summary(check: GpuCheck, rows: list[dict[str, Any]], errors: list[str],
+                       stopped_early: bool = False) -> dict[str, Any]:
     kernel_rows = [r[check.kernels] for r in rows]
     small = [r[check.kernels] for r in rows if r["V"] <= SMALL_VOCAB]
     return {
-        "rows": rows,
-        "small_v_all_exact": all(r.get("rows_equal") == r.get("rows") for r in small),
+        "rows": rows, "errors": errors, "stopped_early": stopped_early,
+        "small_v_all_exact": bool(small) and all(r.get("rows_equal") == r.get("rows")
+                                                 for r in small),
         "all_accepted_counts_equal": all(r.get("accepted_equal") == r.get("rows")
                                          for r in kernel_rows),
     }
 
 
-def graph_check(check: GpuCheck) -> dict[str, Any]:
-    """Capture a whole ``verify`` call in a CUDA graph, refill its inputs, replay, compare."""
+# ---------------------------------------------------------------- 2. targets
+
+
+def targets(check: GpuCheck) -> dict[str, Any]:
+    """Every target cell of the GPU-speed issue, each guarded: one failing cell is recorded."""
+    device = torch.device(check.device)
+    parts: dict[str, Callable[[], dict[str, Any]]] = {
+        "launches": lambda: gpu_targets.launch_targets(device, check.kernels, check.dry_run),
+        "founding": lambda: gpu_targets.founding_targets(device, check.kernels, check.dry_run),
+        "device_time": lambda: gpu_targets.device_time_targets(device, check.kernels,
+                                                               check.dry_run, check.left),
+        "seam": lambda: gpu_targets.seam_targets(device, check.kernels, check.dry_run,
+                                                 check.left),
+        "trees": lambda: gpu_targets.tree_targets(device, check.kernels, check.dry_run,
+                                                  check.left),
+    }
+    out: dict[str, Any] = {"failures": []}
+    for name, fn in parts.items():
+        try:
+            out[name] = fn()
+        except Exception as exc:
+            out[name] = {"error": f"{type(exc).__name__}: {exc}",
+                         "traceback": traceback.format_exc()[-2000:]}
+            out["failures"].append(f"{name}: {type(exc).__name__}: {exc}"[:300])
+            continue
+        out["failures"] += [f"{name}: {f}" for f in out[name].get("failures", [])]
+    return out
+
+
+# ---------------------------------------------------------------- 3. capture
+
+
+def capture(check: GpuCheck) -> dict[str, Any]:
+    """Graph capture and replay per variant; ``torch.compile(fullgraph=True)`` of a step."""
+    out: dict[str, Any] = {"compile": _compile_check(check)}
     if check.dry_run:
-        return {"skipped": "no CUDA graphs on the CPU"}
+        out["graphs"] = {"skipped": "no CUDA graphs on the CPU"}
+    else:
+        out["graphs"] = _graph_check(check)
+    failures = [f"graph replay {k}: {v}" for k, v in out["graphs"].items() if v is not True
+                and k != "skipped"]
+    failures += [f"compile {k}: {v}" for k, v in out["compile"].items() if v is not True]
+    return {**out, "failures": failures}
+
+
+def _graph_check(check: GpuCheck) -> dict[str, Any]:
     results: dict[str, Any] = {}
     traits = pv.get_backend(check.kernels).traits
     for variant in VARIANTS:
         if variant.method != "greedy" and not traits.implements("chain", variant.method):
-            continue  # the kernels do not implement it (the benchmark times torch alone)
+            continue
         try:
             results[variant.label] = _graph_replay_matches(check, variant)
         except Exception as exc:
             results[variant.label] = f"{type(exc).__name__}: {exc}"[:2000]
-    return {"replay_matches_eager": results}
+    return results
 
 
 def _graph_replay_matches(check: GpuCheck, variant: Any) -> bool:
+    """Capture once, refill the inputs in place three times, each replay equal to eager."""
     device = torch.device(check.device)
     inputs = make_inputs((4, 3, 1000), variant, torch.float32, device, seed=1)
     kw = inputs.verify_kwargs(variant)
@@ -183,107 +286,145 @@ def _graph_replay_matches(check: GpuCheck, variant: Any) -> bool:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         tokens, accepted = call()
-    fresh = make_inputs((4, 3, 1000), variant, torch.float32, device, seed=2)
-    for name in ("drafts", "target", "draft_probs"):
-        if getattr(inputs, name) is not None:
-            getattr(inputs, name).copy_(getattr(fresh, name))
-    graph.replay()
-    torch.cuda.synchronize()
-    want_tokens, want_accepted = call()
-    return bool(torch.equal(tokens, want_tokens) and torch.equal(accepted, want_accepted))
+    for seed in (2, 3, 4):
+        fresh = make_inputs((4, 3, 1000), variant, torch.float32, device, seed=seed)
+        for name in ("drafts", "target", "draft_probs", "seeds"):
+            if getattr(inputs, name) is not None:
+                getattr(inputs, name).copy_(getattr(fresh, name))
+        inputs.drafts[0, -1] = -1  # a request that stops proposing
+        graph.replay()
+        torch.cuda.synchronize()
+        want_tokens, want_accepted = call()
+        if not (torch.equal(tokens, want_tokens) and torch.equal(accepted, want_accepted)):
+            return False
+    return True
 
 
-def benchmark(check: GpuCheck) -> dict[str, Any]:
-    """The benchmark grid on the device: kernels and the torch backend side by side."""
-    config = BenchConfig(
-        shapes=DRY_BENCH_SHAPES if check.dry_run else FULL_SHAPES,
-        devices=[torch.device(check.device)], backends=[check.kernels, check.torch_backend],
-        repetitions=1 if check.dry_run else 5, min_block_s=0.001 if check.dry_run else 0.02)
-    cells: list[dict[str, Any]] = []
-    for _, new in run_bench(config):
-        cells.extend(new)
-        if check.left() < 130:
-            return {"cells": cells, "stopped_early": True}
-    return {"cells": cells}
+def _compile_check(check: GpuCheck) -> dict[str, Any]:
+    """``torch.compile(fullgraph=True)`` of a step calling ``pv.verify`` (validate=False)."""
+    device = torch.device(check.device)
+    variant = VARIANTS[0]
+    inputs = make_inputs((2, 2, 64), variant, torch.float32, device, seed=5)
+    kw = inputs.verify_kwargs(variant)
+
+    def step(drafts: torch.Tensor, seeds: torch.Tensor) -> torch.Tensor:
+        return pv.verify(drafts, seed=seeds, backend=check.kernels, validate=False,
+                         **kw).token_ids
+
+    try:
+        torch._dynamo.reset()
+        compiled = torch.compile(step, fullgraph=True,
+                                 backend="aot_eager" if check.dry_run else "inductor")
+        same = torch.equal(compiled(inputs.drafts, inputs.seeds), step(inputs.drafts,
+                                                                       inputs.seeds))
+        return {"verify": same}
+    except Exception as exc:
+        return {"verify": f"{type(exc).__name__}: {str(exc)[:500]}"}
 
 
-def _subprocess(check: GpuCheck, name: str, cmd: list[str], limit: float) -> dict[str, Any]:
-    if limit < 20:
-        return {"skipped": f"only {limit:.0f} s left"}
+# ---------------------------------------------------------------- 4-6. subprocesses
+
+
+def _subprocess(check: GpuCheck, name: str, cmd: list[str]) -> dict[str, Any]:
+    """Run ``cmd`` within the section's time; a non-zero exit is a failure, a time-out a cut."""
+    limit = check.left()
+    if limit < 10:
+        return {"cut": f"only {limit:.0f} s left", "failures": []}
     env = {**os.environ, "PORTABLE_VERIFY_TEST_DEVICE": check.device}
+    if not check.dry_run:
+        env["PORTABLE_VERIFY_REQUIRE_BACKENDS"] = REQUIRED_ON_GPU
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=limit, env=env)
         text, rc = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
-        text, rc = f"{exc.stdout or ''}{exc.stderr or ''}\nTIMED OUT after {limit:.0f} s", None
-    (check.out / f"{name}.txt").write_text(str(text))
-    return {"returncode": rc, "tail": str(text)[-1500:]}
-
-
-def pytest_section(check: GpuCheck, tests: Path) -> dict[str, Any]:
-    """``tests/test_triton.py`` and ``tests/test_triton_tree.py`` on the device, when the
-    repository's tests are at hand."""
-    targets = [tests / "test_triton.py", tests / "test_triton_tree.py"]
-    if not all(t.exists() for t in targets):
-        return {"skipped": f"{targets} not found (run from the repository root)"}
-    cmd = [sys.executable, "-m", "pytest", *map(str, targets), "-q", "-p", "no:cacheprovider",
-           "-x", "--tb=short"]
-    if check.dry_run:
-        cmd += ["-k", "ties or degenerate or edge_rules"]
-    return _subprocess(check, "pytest_test_triton", cmd, min(150.0, check.left() - 20))
-
-
-def conformance_section(check: GpuCheck) -> dict[str, Any]:
-    """The quick conformance kit on the kernels' backend, in its own process."""
-    if check.dry_run:
-        return {"skipped": "dry run"}
-    out = check.out / "conformance.json"
-    result = _subprocess(check, "conformance", [
-        sys.executable, "-m", "portable_verify.cli.main", "conformance", "--quick",
-        "--backend", check.kernels, "--json", str(out)], check.left() - 10)
-    if out.exists():
-        result["checks"] = json.loads(out.read_text())["rows"]
+        text, rc = f"{_text(exc.stdout)}{_text(exc.stderr)}\nCUT after {limit:.0f} s", None
+    (check.out / f"{name}.txt").write_text(text)
+    result: dict[str, Any] = {"returncode": rc, "tail": text[-1500:], "failures": []}
+    if rc is None:
+        result["cut"] = f"stopped after {limit:.0f} s"
+    elif rc != 0:
+        result["failures"].append(f"{name} exited {rc}")
     return result
 
 
+def _text(value: Any) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
+
+
+def kit(check: GpuCheck, quick: bool) -> dict[str, Any]:
+    """The conformance kit on both device backends, in its own process."""
+    if check.dry_run and not quick:
+        return {"skipped": "dry run: the quick kit stands for it", "failures": []}
+    name = "kit_quick" if quick else "kit_full"
+    out = check.out / f"{name}.json"
+    cmd = [sys.executable, "-m", "portable_verify.cli.main", "conformance", "--quiet",
+           "--backend", check.kernels, "--backend", check.torch_backend, "--json", str(out)]
+    if quick:
+        cmd.insert(4, "--quick")
+    if check.dry_run:
+        cmd += ["--check", "exact.greedy"]
+    result = _subprocess(check, name, cmd)
+    if out.exists():
+        rows = json.loads(out.read_text())["rows"]
+        result["checks"] = {status: sum(r["status"] == status for r in rows)
+                            for status in ("PASS", "FAIL", "SKIP")}
+        result["failures"] += [f"{r['backend']} {r['check']}" for r in rows
+                               if r["status"] == "FAIL"]
+    return result
+
+
+def device_tests(check: GpuCheck, tests: Path) -> dict[str, Any]:
+    """The device-parametrised tests on the device, when the repository's tests are at hand."""
+    targets = [tests / name for name in DEVICE_TESTS if (tests / name).exists()]
+    if not targets:
+        return {"skipped": f"no device tests under {tests} (run from the repository root)",
+                "failures": []}
+    cmd = [sys.executable, "-m", "pytest", *map(str, targets), "-q", "-p", "no:cacheprovider",
+           "--tb=line", "-rf"]
+    if check.dry_run:
+        cmd += ["-k", "ties or degenerate or edge_rules"]
+    return _subprocess(check, "device_tests", cmd)
+
+
+# ---------------------------------------------------------------- the run and its verdict
+
+
 def verdict(sections: dict[str, Any]) -> dict[str, Any]:
-    """The few answers a reader wants first (None: not measured)."""
-
-    def get(name: str, *keys: str) -> Any:
-        value: Any = sections.get(name, {}).get("result")
-        for key in keys:
-            value = value.get(key) if isinstance(value, dict) else None
-        return value
-
-    graph = get("cuda_graph", "replay_matches_eager")
-    checks = get("conformance_quick", "checks")
-    cells = get("benchmark", "cells") or []
-    return {
-        "small_v_exact": get("exactness", "small_v_all_exact"),
-        "accepted_counts_equal": get("exactness", "all_accepted_counts_equal"),
-        "graph_replay_ok": None if not isinstance(graph, dict) else all(
-            v is True for v in graph.values()),
-        "bench_cells": len(cells),
-        "tree_small_v_exact": get("tree_exactness", "small_v_all_exact"),
-        "tree_accepted_counts_equal": get("tree_exactness", "all_accepted_counts_equal"),
-        "tree_speed_cells": len(get("tree_speed", "cells") or []),
-        "pytest_returncode": get("pytest_test_triton", "returncode"),
-        "conformance_failed": None if checks is None else [
-            f"{c['backend']} {c['check']}" for c in checks if c["status"] == "FAIL"],
-    }
+    """Every section's status and every target on a line of its own."""
+    lines: list[dict[str, Any]] = []
+    for name, s in sections.items():
+        result = s.get("result") or {}
+        status = "ok" if s["ok"] else "FAILED"
+        if isinstance(result, dict) and result.get("cut"):
+            status += " (cut: " + str(result["cut"]) + ")"
+        failures = result.get("failures", []) if isinstance(result, dict) else []
+        lines.append({"section": name, "status": status,
+                      "failures": failures[:8] + ([f"... {len(failures) - 8} more"]
+                                                  if len(failures) > 8 else [])
+                      or ([s["error"]] if "error" in s else [])})
+    found = sections.get("targets", {}).get("result") or {}
+    targets = [t for part in found.values() if isinstance(part, dict)
+               for t in part.get("targets", [])]
+    return {"sections": lines, "targets": targets,
+            "targets_met": sum(t["met"] is True for t in targets),
+            "targets_missed": sum(t["met"] is False for t in targets),
+            "targets_unmeasured": sum(t["met"] is None for t in targets)}
 
 
 def run_gpu_check(check: GpuCheck, say: Callable[[str], None],
                   tests: Path = Path("tests")) -> dict[str, Any]:
     """Every section in turn; returns the document also saved as ``gpu_check.json``."""
-    check.section("environment", environment_section, say)
-    check.section("exactness", lambda: exactness(check), say)
-    check.section("cuda_graph", lambda: graph_check(check), say)
-    check.section("tree_exactness", lambda: gpu_check_tree.tree_exactness(check, SMALL_VOCAB), say)
-    check.section("tree_speed", lambda: gpu_check_tree.tree_speed(check), say)
-    check.section("benchmark", lambda: benchmark(check), say)
-    check.section("pytest_test_triton", lambda: pytest_section(check, tests), say)
-    check.section("conformance_quick", lambda: conformance_section(check), say)
+    shares = dict(SECTION_SHARES)
+    steps: dict[str, Callable[[], Any]] = {
+        "environment": lambda: environment_and_warm_up(check),
+        "targets": lambda: targets(check),
+        "capture": lambda: capture(check),
+        "kit_quick": lambda: kit(check, quick=True),
+        "device_tests": lambda: device_tests(check, tests),
+        "kit_full": lambda: kit(check, quick=False),
+    }
+    for name, fn in steps.items():
+        check.section(name, shares[name], fn, say)
     sections = check.data["sections"]
     check.data["summary"] = {name: s["ok"] for name, s in sections.items()}
     check.data["verdict"] = verdict(sections)
