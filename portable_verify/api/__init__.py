@@ -1,1 +1,1 @@
-"""The front doors: padded ``verify`` and ragged ``verify_ragged``, over one shared tail."""
+"""The four front doors (``verify``, ``verify_ragged``, ``verify_rows``, ``verify_tree``)."""

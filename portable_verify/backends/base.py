@@ -1,8 +1,8 @@
 """The one small protocol every backend implements.
 
-A backend is one implementation of docs/semantics.md (numpy, torch, Triton, OpenVINO), made
-for one device: the registry name is the implementation and the device is an optional suffix
-(``"torch:cuda"``, ``"openvino:GPU"``). Backends never import one another; dispatch composes
+A backend is one implementation of docs/semantics.md (numpy, numba, torch, Triton, OpenVINO),
+made for one device: the registry name is the implementation and the device is an optional
+suffix (``"torch:cuda"``, ``"openvino:GPU"``). Backends never import one another; dispatch composes
 them (selection, array conversion, fallbacks).
 """
 
