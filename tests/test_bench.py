@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -482,3 +483,95 @@ def test_target_lines_group_a_target_over_its_shapes() -> None:
     meta = {"thread_counts": [1]}
     assert output.verdict_text(groups, [cell(1, 5.0, True)], meta) == (
         "0 of 1 targets met (numba:cpu, 1 thread)")
+
+
+def _peer_config() -> object:
+    from portable_verify.bench.cases import VARIANTS
+    from portable_verify.bench.run import BenchConfig
+
+    return BenchConfig(shapes=((1, 2, 64),), devices=[torch.device("cpu")],
+                       backends=["torch:cpu"], variants=tuple(
+                           v for v in VARIANTS if v.label in ("rejection/logits",
+                                                              "typical/logits")),
+                       repetitions=1, min_block_s=0.0)
+
+
+def test_a_peer_that_raises_is_recorded_in_its_cell_and_the_run_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from portable_verify.bench import peers
+    from portable_verify.bench.run import run
+
+    def raising_call(inputs: object, variant: Any) -> Callable[[], object] | None:
+        if variant.method != "rejection":
+            return None
+
+        def call() -> object:
+            raise TypeError("peer exploded on its first call")
+        return call
+
+    def raising_build(inputs: object, variant: Any, *args: object) -> Callable[[], object] | None:
+        if variant.method != "typical":
+            return None
+        raise RuntimeError("peer could not even be built")
+
+    monkeypatch.setattr(peers, "hf_status", lambda: peers.PeerStatus("hf", True, "fake"))
+    monkeypatch.setattr(peers, "hf_callable", raising_call)
+    monkeypatch.setattr(peers, "vllm_v0_typical_callable", raising_build)
+    config = _peer_config()
+    rejection_variant = config.variants[0]
+    cells = {c["variant"]: c for _, new in run(config) for c in new}
+    assert set(cells) == {"rejection/logits", "typical/logits"}  # the run went on
+    rejection, typical = cells["rejection/logits"], cells["typical/logits"]
+    assert rejection["peer_errors"] == {"hf": "TypeError: peer exploded on its first call"}
+    assert typical["peer_errors"] == {
+        "vllm_v0_typical": "RuntimeError: peer could not even be built"}
+    assert rejection["times_ms"]["hf"] is None and typical["times_ms"]["vllm_v0_typical"] is None
+    assert all(c["times_ms"]["verify"] > 0 and c["times_ms"]["dense"] > 0 for c in cells.values())
+    # Negative control: the same peer handed to the harness unguarded stops the measurement.
+    with pytest.raises(TypeError, match="exploded"):
+        measure({"hf": raising_call(None, rejection_variant)}, torch.device("cpu"),
+                repetitions=1, min_block_s=0.0)
+
+
+def test_the_transformers_adapter_follows_the_signature_of_each_release(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    from transformers.generation import utils as hf_utils
+
+    from portable_verify.bench import peers
+    from portable_verify.bench.cases import VARIANTS, make_inputs
+
+    real = hf_utils._speculative_sampling
+    variant = next(v for v in VARIANTS if v.label == "rejection/logits")
+    inputs = make_inputs((1, 3, 50), variant, torch.float32, torch.device("cpu"))
+    seen: list[dict] = []
+
+    def v5_17(candidate_input_ids, candidate_logits, candidate_length, new_logits,
+              is_done_candidate):
+        seen.append({"is_done_candidate": is_done_candidate})
+        return real(candidate_input_ids, candidate_logits, candidate_length, new_logits)
+
+    def v4_3x(candidate_input_ids, candidate_logits, candidate_length, new_logits,
+              last_assistant_token_is_eos, max_matches):
+        seen.append({"eos": last_assistant_token_is_eos, "max_matches": max_matches})
+        return real(candidate_input_ids, candidate_logits, candidate_length, new_logits)
+
+    def unknown(candidate_input_ids, candidate_logits, candidate_length, new_logits,
+                frobnicate):
+        return real(candidate_input_ids, candidate_logits, candidate_length, new_logits)
+
+    for fake in (v5_17, v4_3x):
+        monkeypatch.setattr(hf_utils, "_speculative_sampling", fake)
+        call, why = peers.guarded(lambda: peers.hf_callable(inputs, variant))
+        assert why is None and call is not None
+        tokens, n_matches = call()
+        assert 0 <= int(n_matches) <= 3 and tokens.shape[1] == int(n_matches) + 1
+    assert seen[0] == {"is_done_candidate": False}
+    assert seen[-1] == {"eos": False, "max_matches": 3}
+    # Negative controls: an argument the adapter does not know is named in the cell's reason,
+    # and the adapter as it was (four positional arguments) fails on 5.17's signature.
+    monkeypatch.setattr(hf_utils, "_speculative_sampling", unknown)
+    call, why = peers.guarded(lambda: peers.hf_callable(inputs, variant))
+    assert call is None and "'frobnicate'" in why
+    with pytest.raises(TypeError, match="is_done_candidate"):
+        v5_17(inputs.drafts, torch.zeros(1, 3, 50), 3, inputs.target)

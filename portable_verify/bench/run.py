@@ -122,15 +122,20 @@ def _contenders(m: Measurement, inputs: CaseInputs, backends: list[str],
     floor_impl, contenders["floor"] = floor.floor_callable(parts)
     contenders["argmax"] = lambda: torch.argmax(inputs.target, dim=-1)
     contenders["amax"] = lambda: torch.amax(inputs.target, dim=-1)
-    hf = peers.hf_callable(inputs, m.variant) if peers.hf_status().available else None
-    if hf is not None:
-        contenders["hf"] = hf
-    vllm = peers.vllm_v0_typical_callable(inputs, m.variant, DEFAULT_TYPICAL.eps,
-                                          DEFAULT_TYPICAL.alpha)
-    if vllm is not None:
-        contenders["vllm_v0_typical"] = vllm
+    builders: dict[str, Callable[[], Callable[[], object] | None]] = {
+        "vllm_v0_typical": lambda: peers.vllm_v0_typical_callable(
+            inputs, m.variant, DEFAULT_TYPICAL.eps, DEFAULT_TYPICAL.alpha)}
+    if peers.hf_status().available:
+        builders = {"hf": lambda: peers.hf_callable(inputs, m.variant), **builders}
+    peer_errors: dict[str, str] = {}
+    for name, build in builders.items():
+        call, why = peers.guarded(build)
+        if call is not None:
+            contenders[name] = call
+        elif why is not None:
+            peer_errors[name] = why
     return contenders, {"floor_impl": floor_impl, "floor_bytes": floor.num_bytes(parts),
-                        "acceptance": inputs.acceptance}
+                        "acceptance": inputs.acceptance, "peer_errors": peer_errors}
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -202,6 +207,7 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
                 "floor_bytes": info["floor_bytes"],
                 "floor_GBps": info["floor_bytes"] / (ms["floor"] * 1e-3) / 1e9,
                 "acceptance_per_position": info["acceptance"],
+                "peer_errors": info["peer_errors"],
             }
             cell["ratios"] = {
                 "speedup_vs_dense": _ratio(ms["dense"], t),

@@ -227,3 +227,6 @@ def _print_results(args: argparse.Namespace, cells: list[dict[str, Any]],
         console.print(line, markup=False, highlight=False)
     peer = next(iter(meta["peers"].items()))
     console.print(f"peer {peer[0]}: {peer[1]['detail']}", highlight=False)
+    failed = {(name, why) for c in cells for name, why in c.get("peer_errors", {}).items()}
+    for name, why in sorted(failed):
+        console.print(f"peer {name} not timed: {why}", markup=False, highlight=False)
