@@ -527,6 +527,7 @@ def test_a_peer_that_raises_is_recorded_in_its_cell_and_the_run_goes_on(
         "vllm_v0_typical": "RuntimeError: peer could not even be built"}
     assert rejection["times_ms"]["hf"] is None and typical["times_ms"]["vllm_v0_typical"] is None
     assert all(c["times_ms"]["verify"] > 0 and c["times_ms"]["dense"] > 0 for c in cells.values())
+    assert not any("graph" in c["times_ms"] for c in cells.values())  # CUDA runs only
     # Negative control: the same peer handed to the harness unguarded stops the measurement.
     with pytest.raises(TypeError, match="exploded"):
         measure({"hf": raising_call(None, rejection_variant)}, torch.device("cpu"),
@@ -575,3 +576,169 @@ def test_the_transformers_adapter_follows_the_signature_of_each_release(
     assert call is None and "'frobnicate'" in why
     with pytest.raises(TypeError, match="is_done_candidate"):
         v5_17(inputs.drafts, torch.zeros(1, 3, 50), 3, inputs.target)
+
+
+class _FakeCuda:
+    """Enough of ``torch.cuda`` to run :func:`device_time_by_graph` on a CPU build: a clock
+    that a replay advances by its next duration and an L2 flush by 100 ms, events that read
+    the clock, and a log of what ran where."""
+
+    def __init__(self, durations_ms: list[float]) -> None:
+        self.clock, self.durations, self.log = 0.0, list(durations_ms), []
+        self.capturing = False
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                assert enable_timing
+                self.t: float | None = None
+
+            def record(self) -> None:
+                self.t = fake.clock
+                fake.log.append("record")
+
+            def elapsed_time(self, end: Event) -> float:
+                return end.t - self.t
+
+        class Graph:
+            def replay(self) -> None:
+                fake.clock += fake.durations.pop(0)
+                fake.log.append("replay")
+
+        class Flush:
+            def zero_(self) -> None:
+                fake.clock += 100.0
+                fake.log.append("flush")
+
+        class Stream:
+            def wait_stream(self, other: object) -> None:
+                pass
+
+        class Capture:
+            def __init__(self, graph: Graph) -> None:
+                pass
+
+            def __enter__(self) -> None:
+                fake.capturing = True
+
+            def __exit__(self, *exc: object) -> None:
+                fake.capturing = False
+
+        self.Event, self.Graph, self.Flush, self.Stream, self.Capture = (
+            Event, Graph, Flush, Stream, Capture)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import contextlib
+
+        from portable_verify.bench import harness
+
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "device", lambda d: contextlib.nullcontext())
+        monkeypatch.setattr(cuda, "Stream", self.Stream)
+        monkeypatch.setattr(cuda, "current_stream", self.Stream)
+        monkeypatch.setattr(cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(cuda, "CUDAGraph", self.Graph)
+        monkeypatch.setattr(cuda, "graph", self.Capture)
+        monkeypatch.setattr(cuda, "Event", self.Event)
+        monkeypatch.setattr(cuda, "synchronize", lambda *a: self.log.append("sync"))
+        monkeypatch.setattr(harness, "_l2_flush_buffer", lambda d: self.Flush())
+
+    def call(self) -> None:
+        self.log.append("capture" if self.capturing else "eager")
+
+
+def test_device_time_by_graph_times_each_replay_alone_after_a_flush(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from portable_verify.bench.harness import device_time_by_graph
+
+    fake = _FakeCuda([7.0, 1.0, 3.0, 2.0])  # the first replay is untimed (graph upload)
+    fake.install(monkeypatch)
+    timing = device_time_by_graph(fake.call, torch.device("cuda"), reps=3)
+    assert fake.log == ["eager", "eager", "capture", "replay",
+                        *["flush", "record", "replay", "record"] * 3, "sync"]
+    # The flushes (100 ms each) stay outside the events: the replays' own times, in seconds.
+    assert (timing.median_s, timing.min_s, timing.max_s) == (0.002, 0.001, 0.003)
+    assert timing.reps == 3 and timing.l2_flushed
+    fake = _FakeCuda([7.0, 1.0, 3.0, 2.0])
+    fake.install(monkeypatch)
+    timing = device_time_by_graph(fake.call, torch.device("cuda"), reps=3, flush_l2=False)
+    assert "flush" not in fake.log and timing.median_s == 0.002 and not timing.l2_flushed
+    with pytest.raises(ValueError, match="device must be a CUDA device, got cpu"):
+        device_time_by_graph(fake.call, torch.device("cpu"))
+
+
+def test_cuda_cells_take_the_floor_from_the_copy_bandwidth_and_add_graph_time() -> None:
+    """``_cells`` on a CUDA measurement: the floor is bytes over bandwidth (no floor timed),
+    the graph time sits beside the eager one, an uncapturable backend says why."""
+    from portable_verify.bench.cases import VARIANTS
+    from portable_verify.bench.harness import DeviceTiming, Timing
+    from portable_verify.bench.run import Measurement, _cells
+
+    variant = next(v for v in VARIANTS if v.label == "rejection/logits")
+    m = Measurement(torch.device("cuda"), "float32", (64, 4, 128256), variant)
+
+    def timing(ms: float) -> Timing:
+        return Timing(ms / 1e3, ms / 1e3, ms / 1e3, ms / 1e3, 5, 1)
+
+    timings = {f"{name}@1": timing(ms) for name, ms in (
+        ("verify:triton:cuda", 3.0), ("verify:torch:cuda", 6.0), ("dense", 2.0),
+        ("argmax", 0.05), ("amax", 0.05))}
+    info = {"floor_impl": "copy bandwidth 4000 GB/s", "floor_bytes": 4 * 10**6,
+            "floor_ms": 0.001, "acceptance": None, "peer_errors": {},
+            "graph": {"triton:cuda": DeviceTiming(0.0004, 0.0003, 0.0005, 50, True),
+                      "torch:cuda": "RuntimeError: operation not permitted when capturing"}}
+    cells = {c["backend"]: c for c in _cells(m, ["triton:cuda", "torch:cuda"], timings, info,
+                                             "wall", (1,))}
+    ours, theirs = cells["triton:cuda"], cells["torch:cuda"]
+    assert ours["times_ms"]["floor"] == 0.001 and ours["floor_GBps"] == pytest.approx(4000)
+    assert ours["ratios"]["x_floor"] == pytest.approx(3000)  # eager over the floor
+    assert ours["times_ms"]["graph"] == pytest.approx(0.4)
+    assert ours["ratios"]["graph_x_floor"] == pytest.approx(400)
+    assert ours["graph_spread_ms"]["reps"] == 50 and ours["graph_error"] is None
+    assert theirs["times_ms"]["graph"] is None and "capturing" in theirs["graph_error"]
+    assert ours["targets"] == []  # the performance targets are CPU targets
+
+
+def _gpu_cells() -> list[dict]:
+    cells = []
+    for c in _synthetic_cells():
+        c = {**c, "device": "cuda", "backend": "triton:cuda", "times_ms": dict(c["times_ms"]),
+             "ratios": dict(c["ratios"])}
+        c["times_ms"]["graph"] = 12345.678
+        c["ratios"]["graph_x_floor"] = 12345678.9
+        cells.append(c)
+    return cells
+
+
+def _gpu_meta() -> dict:
+    return {**_meta(), "device_names": [{"device": "cuda:0", "name": "NVIDIA H200"}],
+            "copy_bandwidth_GBps": {"cuda": 4123.4}, "graph_reps": 50}
+
+
+def test_cuda_table_puts_eager_and_graph_times_side_by_side_in_100_columns() -> None:
+    from portable_verify.bench import output
+
+    cells, meta = _gpu_cells(), _gpu_meta()
+    (table,) = output.compact_tables(cells, meta)
+    lines = _rendered(table, 100)
+    assert all(len(line) <= 100 for line in lines)
+    assert not any("\u2026" in line for line in lines), "\n".join(lines)
+    text = "\n".join(lines)
+    for expected in ("eager ms", "graph ms", "x floor", "12345.678", "12345678.90",
+                     "NVIDIA H200", "4123 GB/s", "median of 50"):
+        assert expected in text, expected
+    # Negative control: a CPU run's table (no graph time) has neither column.
+    (cpu_table,) = output.compact_tables(_synthetic_cells(), _meta())
+    cpu_text = "\n".join(_rendered(cpu_table, 100))
+    assert "graph ms" not in cpu_text and "ms/call" in cpu_text
+    def wide_header(cells: list[dict], meta: dict) -> list[str]:
+        header = next(line for line in _rendered(output.render_table(cells, meta), 1000)
+                      if "device/backend" in line)
+        return [col.strip() for col in header.strip("┃ ").split("┃")]
+
+    assert "graph" in wide_header(cells, meta)  # --wide: beside "ours", dropped on a CPU run
+    assert "graph" not in wide_header(_synthetic_cells(), _meta())
+    groups = output.target_groups(cells)
+    assert output.verdict_text([], cells, meta) == (
+        f"{len(cells)} cells timed, no target applies (triton:cuda on NVIDIA H200)")
+    assert groups  # the synthetic cells carry targets: a CPU-style verdict still counts them

@@ -230,3 +230,6 @@ def _print_results(args: argparse.Namespace, cells: list[dict[str, Any]],
     failed = {(name, why) for c in cells for name, why in c.get("peer_errors", {}).items()}
     for name, why in sorted(failed):
         console.print(f"peer {name} not timed: {why}", markup=False, highlight=False)
+    uncaptured = {(c["backend"], c["graph_error"]) for c in cells if c.get("graph_error")}
+    for name, why in sorted(uncaptured):
+        console.print(f"{name}: no graph time: {why}", markup=False, highlight=False)
