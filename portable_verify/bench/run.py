@@ -8,6 +8,11 @@ verifier with validation on (``validate=True``; with ``"full"`` also ``validate=
 result row ("cell") is then reported per backend and thread count, with the ratios the
 performance targets (:mod:`portable_verify.bench.targets`) ask for.
 
+On an accelerator each call is timed with a sync after it, the floor is the must-read bytes over
+the device's copy bandwidth (:func:`portable_verify.bench.floor.copy_bandwidth`), and on CUDA
+each verify call's device time by graph replay
+(:func:`portable_verify.bench.harness.device_time_by_graph`) sits beside its eager time.
+
 A thread sweep (``threads=(1, 2, ...)``) times every contender at every count inside the same
 interleaved repetitions (:mod:`portable_verify.bench.threads` sets the count before each block),
 so a burst of load hits all counts alike; each cell then reports its speed-up over the first

@@ -27,6 +27,7 @@ measured figures before any target is claimed against it.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -48,7 +49,10 @@ class _Maps(NamedTuple):
     positions: torch.Tensor  # int64 [K + 1]
 
 
-def _maps(num_draft_tokens: list[int], k: int, device: torch.device) -> _Maps:
+@functools.lru_cache(maxsize=64)
+def _maps(num_draft_tokens: tuple[int, ...], k: int, device: torch.device) -> _Maps:
+    """Cached per step shape (as the plugin's host maps are): a timed loop copies nothing, and
+    a call captured in a CUDA graph after one eager call reads tensors that outlive it."""
     counts = np.asarray(num_draft_tokens, dtype=np.int64)
     b = counts.size
     positions = np.arange(k + 1)
@@ -150,7 +154,7 @@ def vllm_v1_rejection_sample(draft_token_ids: torch.Tensor, num_draft_tokens: li
     generators = md.generators or {}
     uniforms = (None if md.all_greedy else
                 _uniforms(num_draft_tokens, generators, n, device))
-    maps = _maps(num_draft_tokens, max_spec_len, device)
+    maps = _maps(tuple(num_draft_tokens), max_spec_len, device)
     drafts = draft_token_ids.to(torch.int64)
     bonus = bonus_token_ids.to(torch.int64)
     if not md.all_random:
