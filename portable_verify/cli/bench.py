@@ -2,7 +2,8 @@
 
 The default run is sized for a person at a terminal (a few minutes, cold kernel cache
 included); ``--full`` adds the largest shape and more repetitions, ``--quick`` is a first look.
-The table shows what a reader needs at 100 columns; ``--wide`` shows every measured column.
+The table shows what a reader needs at 100 columns; ``--wide`` shows every measured column. On
+a CUDA device the table puts eager wall time per call beside device time by graph replay.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ def add_parser(subparsers: Any) -> None:
         help="benchmark verification against the dense baseline and the memory-read floor",
         description="Sweep (B, K, V) x method x input kind on a device; report medians of "
         "interleaved repetitions and the ratios to the dense textbook verifier, the "
-        "memory-read floor, torch.argmax and HF transformers (batch 1).",
+        "memory-read floor, torch.argmax and HF transformers (batch 1). On a CUDA device the "
+        "floor comes from its copy bandwidth and each call's device time by CUDA-graph replay "
+        "is shown beside its eager time.",
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true",
