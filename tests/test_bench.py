@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -504,3 +505,406 @@ def test_target_lines_group_a_target_over_its_shapes() -> None:
     meta = {"thread_counts": [1]}
     assert output.verdict_text(groups, [cell(1, 5.0, True)], meta) == (
         "0 of 1 targets met (numba:cpu, 1 thread)")
+
+
+def _peer_config() -> object:
+    from portable_verify.bench.cases import VARIANTS
+    from portable_verify.bench.run import BenchConfig
+
+    return BenchConfig(shapes=((1, 2, 64),), devices=[torch.device("cpu")],
+                       backends=["torch:cpu"], variants=tuple(
+                           v for v in VARIANTS if v.label in ("rejection/logits",
+                                                              "typical/logits")),
+                       repetitions=1, min_block_s=0.0)
+
+
+def test_a_peer_that_raises_is_recorded_in_its_cell_and_the_run_goes_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from portable_verify.bench import peers
+    from portable_verify.bench.run import run
+
+    def raising_call(inputs: object, variant: Any) -> Callable[[], object] | None:
+        if variant.method != "rejection":
+            return None
+
+        def call() -> object:
+            raise TypeError("peer exploded on its first call")
+        return call
+
+    def raising_build(inputs: object, variant: Any, *args: object) -> Callable[[], object] | None:
+        if variant.method != "typical":
+            return None
+        raise RuntimeError("peer could not even be built")
+
+    monkeypatch.setattr(peers, "hf_status", lambda: peers.PeerStatus("hf", True, "fake"))
+    monkeypatch.setattr(peers, "hf_callable", raising_call)
+    monkeypatch.setattr(peers, "vllm_v0_typical_callable", raising_build)
+    config = _peer_config()
+    rejection_variant = config.variants[0]
+    cells = {c["variant"]: c for _, new in run(config) for c in new}
+    assert set(cells) == {"rejection/logits", "typical/logits"}  # the run went on
+    rejection, typical = cells["rejection/logits"], cells["typical/logits"]
+    assert rejection["peer_errors"] == {"hf": "TypeError: peer exploded on its first call"}
+    assert typical["peer_errors"] == {
+        "vllm_v0_typical": "RuntimeError: peer could not even be built"}
+    assert rejection["times_ms"]["hf"] is None and typical["times_ms"]["vllm_v0_typical"] is None
+    assert all(c["times_ms"]["verify"] > 0 and c["times_ms"]["dense"] > 0 for c in cells.values())
+    assert not any("graph" in c["times_ms"] for c in cells.values())  # CUDA runs only
+    # Negative control: the same peer handed to the harness unguarded stops the measurement.
+    with pytest.raises(TypeError, match="exploded"):
+        measure({"hf": raising_call(None, rejection_variant)}, torch.device("cpu"),
+                repetitions=1, min_block_s=0.0)
+
+
+def test_the_transformers_adapter_follows_the_signature_of_each_release(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("transformers")
+    from transformers.generation import utils as hf_utils
+
+    from portable_verify.bench import peers
+    from portable_verify.bench.cases import VARIANTS, make_inputs
+
+    real = hf_utils._speculative_sampling
+    variant = next(v for v in VARIANTS if v.label == "rejection/logits")
+    inputs = make_inputs((1, 3, 50), variant, torch.float32, torch.device("cpu"))
+    seen: list[dict] = []
+
+    def v5_17(candidate_input_ids, candidate_logits, candidate_length, new_logits,
+              is_done_candidate):
+        seen.append({"is_done_candidate": is_done_candidate})
+        return real(candidate_input_ids, candidate_logits, candidate_length, new_logits)
+
+    def v4_3x(candidate_input_ids, candidate_logits, candidate_length, new_logits,
+              last_assistant_token_is_eos, max_matches):
+        seen.append({"eos": last_assistant_token_is_eos, "max_matches": max_matches})
+        return real(candidate_input_ids, candidate_logits, candidate_length, new_logits)
+
+    def unknown(candidate_input_ids, candidate_logits, candidate_length, new_logits,
+                frobnicate):
+        return real(candidate_input_ids, candidate_logits, candidate_length, new_logits)
+
+    for fake in (v5_17, v4_3x):
+        monkeypatch.setattr(hf_utils, "_speculative_sampling", fake)
+        call, why = peers.guarded(lambda: peers.hf_callable(inputs, variant))
+        assert why is None and call is not None
+        tokens, n_matches = call()
+        assert 0 <= int(n_matches) <= 3 and tokens.shape[1] == int(n_matches) + 1
+    assert seen[0] == {"is_done_candidate": False}
+    assert seen[-1] == {"eos": False, "max_matches": 3}
+    # Negative controls: an argument the adapter does not know is named in the cell's reason,
+    # and the adapter as it was (four positional arguments) fails on 5.17's signature.
+    monkeypatch.setattr(hf_utils, "_speculative_sampling", unknown)
+    call, why = peers.guarded(lambda: peers.hf_callable(inputs, variant))
+    assert call is None and "'frobnicate'" in why
+    with pytest.raises(TypeError, match="is_done_candidate"):
+        v5_17(inputs.drafts, torch.zeros(1, 3, 50), 3, inputs.target)
+
+
+class _FakeCuda:
+    """Enough of ``torch.cuda`` to run :func:`device_time_by_graph` on a CPU build: a clock
+    that a replay advances by its next duration and an L2 flush by 100 ms, events that read
+    the clock, and a log of what ran where."""
+
+    def __init__(self, durations_ms: list[float]) -> None:
+        self.clock, self.durations, self.log = 0.0, list(durations_ms), []
+        self.capturing = False
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                assert enable_timing
+                self.t: float | None = None
+
+            def record(self) -> None:
+                self.t = fake.clock
+                fake.log.append("record")
+
+            def elapsed_time(self, end: Event) -> float:
+                return end.t - self.t
+
+        class Graph:
+            def replay(self) -> None:
+                fake.clock += fake.durations.pop(0)
+                fake.log.append("replay")
+
+        class Flush:
+            def zero_(self) -> None:
+                fake.clock += 100.0
+                fake.log.append("flush")
+
+        class Stream:
+            def wait_stream(self, other: object) -> None:
+                pass
+
+        class Capture:
+            def __init__(self, graph: Graph) -> None:
+                pass
+
+            def __enter__(self) -> None:
+                fake.capturing = True
+
+            def __exit__(self, *exc: object) -> None:
+                fake.capturing = False
+
+        self.Event, self.Graph, self.Flush, self.Stream, self.Capture = (
+            Event, Graph, Flush, Stream, Capture)
+
+    def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        import contextlib
+
+        from portable_verify.bench import harness
+
+        cuda = torch.cuda
+        monkeypatch.setattr(cuda, "device", lambda d: contextlib.nullcontext())
+        monkeypatch.setattr(cuda, "Stream", self.Stream)
+        monkeypatch.setattr(cuda, "current_stream", self.Stream)
+        monkeypatch.setattr(cuda, "stream", lambda s: contextlib.nullcontext())
+        monkeypatch.setattr(cuda, "CUDAGraph", self.Graph)
+        monkeypatch.setattr(cuda, "graph", self.Capture)
+        monkeypatch.setattr(cuda, "Event", self.Event)
+        monkeypatch.setattr(cuda, "synchronize", lambda *a: self.log.append("sync"))
+        monkeypatch.setattr(harness, "_l2_flush_buffer", lambda d: self.Flush())
+
+    def call(self) -> None:
+        self.log.append("capture" if self.capturing else "eager")
+
+
+def test_device_time_by_graph_times_each_replay_alone_after_a_flush(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from portable_verify.bench.harness import device_time_by_graph
+
+    fake = _FakeCuda([7.0, 1.0, 3.0, 2.0])  # the first replay is untimed (graph upload)
+    fake.install(monkeypatch)
+    timing = device_time_by_graph(fake.call, torch.device("cuda"), reps=3)
+    assert fake.log == ["eager", "eager", "capture", "replay",
+                        *["flush", "record", "replay", "record"] * 3, "sync"]
+    # The flushes (100 ms each) stay outside the events: the replays' own times, in seconds.
+    assert (timing.median_s, timing.min_s, timing.max_s) == (0.002, 0.001, 0.003)
+    assert timing.reps == 3 and timing.l2_flushed
+    fake = _FakeCuda([7.0, 1.0, 3.0, 2.0])
+    fake.install(monkeypatch)
+    timing = device_time_by_graph(fake.call, torch.device("cuda"), reps=3, flush_l2=False)
+    assert "flush" not in fake.log and timing.median_s == 0.002 and not timing.l2_flushed
+    with pytest.raises(ValueError, match="device must be a CUDA device, got cpu"):
+        device_time_by_graph(fake.call, torch.device("cpu"))
+
+
+def test_cuda_cells_take_the_floor_from_the_copy_bandwidth_and_add_graph_time() -> None:
+    """``_cells`` on a CUDA measurement: the floor is bytes over bandwidth (no floor timed),
+    the graph time sits beside the eager one, an uncapturable backend says why."""
+    from portable_verify.bench.cases import VARIANTS
+    from portable_verify.bench.harness import DeviceTiming, Timing
+    from portable_verify.bench.run import Measurement, _cells
+
+    variant = next(v for v in VARIANTS if v.label == "rejection/logits")
+    m = Measurement(torch.device("cuda"), "float32", (64, 4, 128256), variant)
+
+    def timing(ms: float) -> Timing:
+        return Timing(ms / 1e3, ms / 1e3, ms / 1e3, ms / 1e3, 5, 1)
+
+    timings = {f"{name}@1": timing(ms) for name, ms in (
+        ("verify:triton:cuda", 3.0), ("verify:torch:cuda", 6.0), ("dense", 2.0),
+        ("argmax", 0.05), ("amax", 0.05))}
+    info = {"floor_impl": "copy bandwidth 4000 GB/s", "floor_bytes": 4 * 10**6,
+            "floor_ms": 0.001, "acceptance": None, "peer_errors": {},
+            "graph": {"triton:cuda": DeviceTiming(0.0004, 0.0003, 0.0005, 50, True),
+                      "torch:cuda": "RuntimeError: operation not permitted when capturing"}}
+    cells = {c["backend"]: c for c in _cells(m, ["triton:cuda", "torch:cuda"], timings, info,
+                                             "wall", (1,))}
+    ours, theirs = cells["triton:cuda"], cells["torch:cuda"]
+    assert ours["times_ms"]["floor"] == 0.001 and ours["floor_GBps"] == pytest.approx(4000)
+    assert ours["ratios"]["x_floor"] == pytest.approx(3000)  # eager over the floor
+    assert ours["times_ms"]["graph"] == pytest.approx(0.4)
+    assert ours["ratios"]["graph_x_floor"] == pytest.approx(400)
+    assert ours["graph_spread_ms"]["reps"] == 50 and ours["graph_error"] is None
+    assert theirs["times_ms"]["graph"] is None and "capturing" in theirs["graph_error"]
+    assert ours["targets"] == []  # the performance targets are CPU targets
+
+
+def _gpu_cells() -> list[dict]:
+    cells = []
+    for c in _synthetic_cells():
+        c = {**c, "device": "cuda", "backend": "triton:cuda", "times_ms": dict(c["times_ms"]),
+             "ratios": dict(c["ratios"])}
+        c["times_ms"]["graph"] = 12345.678
+        c["ratios"]["graph_x_floor"] = 12345678.9
+        cells.append(c)
+    return cells
+
+
+def _gpu_meta() -> dict:
+    return {**_meta(), "device_names": [{"device": "cuda:0", "name": "NVIDIA H200"}],
+            "copy_bandwidth_GBps": {"cuda": 4123.4}, "graph_reps": 50}
+
+
+def test_cuda_table_puts_eager_and_graph_times_side_by_side_in_100_columns() -> None:
+    from portable_verify.bench import output
+
+    cells, meta = _gpu_cells(), _gpu_meta()
+    (table,) = output.compact_tables(cells, meta)
+    lines = _rendered(table, 100)
+    assert all(len(line) <= 100 for line in lines)
+    assert not any("\u2026" in line for line in lines), "\n".join(lines)
+    text = "\n".join(lines)
+    for expected in ("eager ms", "graph ms", "x floor", "12345.678", "12345678.90",
+                     "NVIDIA H200", "4123 GB/s", "median of 50"):
+        assert expected in text, expected
+    # Negative control: a CPU run's table (no graph time) has neither column.
+    (cpu_table,) = output.compact_tables(_synthetic_cells(), _meta())
+    cpu_text = "\n".join(_rendered(cpu_table, 100))
+    assert "graph ms" not in cpu_text and "ms/call" in cpu_text
+    def wide_header(cells: list[dict], meta: dict) -> list[str]:
+        header = next(line for line in _rendered(output.render_table(cells, meta), 1000)
+                      if "device/backend" in line)
+        return [col.strip() for col in header.strip("┃ ").split("┃")]
+
+    assert "graph" in wide_header(cells, meta)  # --wide: beside "ours", dropped on a CPU run
+    assert "graph" not in wide_header(_synthetic_cells(), _meta())
+    groups = output.target_groups(cells)
+    assert output.verdict_text([], cells, meta) == (
+        f"{len(cells)} cells timed, no target applies (triton:cuda on NVIDIA H200)")
+    assert groups  # the synthetic cells carry targets: a CPU-style verdict still counts them
+
+
+def _vllm_step(seed: int, b: int, k: int, v: int, temperature: list[float] | None,
+               with_q: bool = False, no_proposal: float = 0.1) -> tuple[tuple, Any]:
+    """A ragged vLLM step: counts 0..k, drafts often the argmax, a ``no_proposal`` share of
+    them ``-1``."""
+    import types
+
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(0, k + 1, (b,), generator=g).tolist()
+    n = sum(counts)
+    logits = torch.randn(n, v, generator=g) * 2
+    drafts = torch.where(torch.rand(n, generator=g) < 0.6, logits.argmax(-1),
+                         torch.randint(0, v, (n,), generator=g))
+    drafts[torch.rand(n, generator=g) < no_proposal] = -1
+    q = torch.softmax(torch.randn(n, v, generator=g), -1) if with_q else None
+    cu = torch.tensor(counts).cumsum(0).to(torch.int32)
+    bonus = torch.randint(0, v, (b, 1), generator=g)
+    greedy = temperature is None
+    md = types.SimpleNamespace(
+        temperature=None if greedy else torch.tensor(temperature), all_greedy=greedy,
+        all_random=not greedy and 0.0 not in temperature, generators={}, top_k=None,
+        top_p=None)
+    return (drafts.to(torch.int32), counts, k, cu, q, logits, bonus), md
+
+
+def test_rebuilt_vllm_sampler_greedy_rows_follow_the_argmax_rule() -> None:
+    from portable_verify.bench.vllm_rebuilt import vllm_v1_rejection_sample
+    from portable_verify.integrations.vllm_v1.sampler import verify_spec_decode_step
+
+    b = 40
+    for temperature in (None, [0.0 if i % 2 else 0.9 for i in range(b)]):
+        args, md = _vllm_step(1, b, 4, 300, temperature)
+        got = vllm_v1_rejection_sample(*args, md)
+        want = verify_spec_decode_step(*args, md, backend="numpy")
+        greedy = (torch.ones(b, dtype=torch.bool) if temperature is None
+                  else torch.tensor(temperature) == 0)
+        assert got.dtype == torch.int32 and got.shape == (b, 5)
+        assert torch.equal(got[greedy], want[greedy])
+        emitted = (got[greedy] != -1).sum(1)
+        counts = torch.tensor(args[1])[greedy]
+        assert (emitted == counts + 1).any() and (emitted < counts + 1).any()  # both paths
+
+
+def test_rebuilt_vllm_sampler_draws_vllms_own_tokens() -> None:
+    """Same generator state, same arguments: vLLM's tokens, in every mode (vLLM-CPU's kernel
+    stand-ins); the negative control, another generator state, changes the sampled rows."""
+    from portable_verify.integrations.vllm_v1 import engine
+
+    missing = engine.vllm_missing_reason()
+    if missing:
+        pytest.skip(missing)
+    import vllm.v1.sample.rejection_sampler as module
+    from test_vllm_v1_sampler import _llvmlite_out_of_sight
+    from vllm.platforms import current_platform
+
+    from portable_verify.bench.vllm_rebuilt import vllm_v1_rejection_sample as rebuilt
+
+    with _llvmlite_out_of_sight():
+        current_platform.register_triton_kernel_overrides()  # as vLLM's CPU worker does
+    vllm = getattr(module.rejection_sample, "vllm_original", module.rejection_sample)
+    b = 24
+    mixed = [0.0 if i % 3 == 0 else 0.7 for i in range(b)]
+    for seed, temperature, with_q in ((1, None, False), (2, [0.7] * b, False),
+                                      (3, [0.7] * b, True), (4, mixed, True), (5, mixed, False)):
+        # vLLM-CPU's C++ stand-in for the random kernel can accept a -1 draft when draft
+        # probabilities are given (vLLM's Triton kernel, the one rebuilt, rejects it): no -1
+        # drafts there.
+        args, md = _vllm_step(seed, b, 3, 500, temperature, with_q, 0.0 if with_q else 0.1)
+        md.generators = {5: torch.Generator().manual_seed(11)} if temperature else {}
+        torch.manual_seed(seed)
+        want = vllm(*args, md)
+        torch.manual_seed(seed)
+        md.generators = {5: torch.Generator().manual_seed(11)} if temperature else {}
+        assert torch.equal(rebuilt(*args, md), want), (seed, temperature, with_q)
+        if temperature is not None:
+            torch.manual_seed(seed + 100)
+            md.generators = {5: torch.Generator().manual_seed(11)}
+            assert not torch.equal(rebuilt(*args, md), want)
+
+
+def test_rebuilt_vllm_sampler_emits_the_target_distribution(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One draft per request, drawn from q; the first emitted token must follow p exactly
+    (rejection sampling's guarantee), with q given and without (a one-hot draft). Negative
+    control: a residual that ignores q (the draft masked instead) is caught."""
+    import types
+
+    import numpy as np
+
+    from portable_verify.bench import vllm_rebuilt
+
+    n, v = 20000, 5
+    p = torch.tensor([0.4, 0.25, 0.2, 0.1, 0.05], dtype=torch.float64)
+    q = torch.tensor([0.1, 0.3, 0.3, 0.1, 0.2], dtype=torch.float64)
+    g = torch.Generator().manual_seed(3)
+    drafts = torch.multinomial(q.float(), n, replacement=True, generator=g)
+    md = types.SimpleNamespace(temperature=torch.ones(n), all_greedy=False, all_random=True,
+                               generators={})
+
+    def first_tokens(draft_probs: torch.Tensor | None) -> torch.Tensor:
+        torch.manual_seed(0)
+        out = vllm_rebuilt.vllm_v1_rejection_sample(
+            drafts.to(torch.int32), [1] * n, 1, torch.arange(1, n + 1, dtype=torch.int32),
+            draft_probs, p.float().log().expand(n, v).contiguous(),
+            torch.zeros(n, 1, dtype=torch.int64), md)
+        return out[:, 0].long()
+
+    q_rows = q.float().expand(n, v).contiguous()
+    assert _fit(first_tokens(q_rows), p).passed
+    assert _fit(first_tokens(None), p).passed
+    # The wrong residual's law: accept min(1, p/q), else draw from p without the draft.
+    pn, qn = p.numpy(), q.numpy()
+    keep = np.minimum(1.0, pn / qn)
+    wrong = np.array([qn[y] * keep[y] + sum(qn[x] * (1 - keep[x]) * pn[y] / (1 - pn[x])
+                                            for x in range(v) if x != y) for y in range(v)])
+    assert _power(p, torch.from_numpy(wrong), n) > 0.99
+    real = vllm_rebuilt._recovered
+    monkeypatch.setattr(vllm_rebuilt, "_recovered",
+                        lambda probs, dq, *rest: real(probs, None, *rest))
+    assert not _fit(first_tokens(q_rows), p).passed
+
+
+def test_seam_step_inputs_land_on_the_requested_device_and_both_contenders_run() -> None:
+    from portable_verify.bench import vllm_seam
+
+    def devices(args: tuple, md: Any) -> set[str]:
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        if md.temperature is not None:
+            tensors.append(md.temperature)
+        return {t.device.type for t in tensors}
+
+    for mode in (*vllm_seam.MODES, "mixed"):
+        assert devices(*vllm_seam.step_inputs(2, 2, 50, mode, device="meta")) == {"meta"}
+        args, md = vllm_seam.step_inputs(4, 2, 50, mode)
+        assert devices(args, md) == {"cpu"}  # the control: the default stays on the CPU
+        calls = vllm_seam.seam_contenders(args, md, backend="numpy")
+        out = {name: call() for name, call in calls.items()}
+        assert out["plugin"].shape == out["vllm_rebuilt"].shape == (4, 3)
+        greedy = (torch.ones(4, dtype=torch.bool) if md.temperature is None
+                  else md.temperature == 0)
+        assert torch.equal(out["plugin"][greedy], out["vllm_rebuilt"][greedy])
+    with pytest.raises(ValueError, match="mode must be one of"):
+        vllm_seam.step_inputs(1, 1, 10, "everything")

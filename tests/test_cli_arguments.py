@@ -10,6 +10,12 @@ from portable_verify.cli import main as cli
 
 BAD = [
     (["info", "--json", "/nonexistent/x.json"], "--json"),
+    (["info", "--json", "/proc/x.json"], "--json"),  # root passes os.access; /proc refuses
+    (["bench", "--csv", "/proc/r.csv"], "--csv"),
+    (["conformance", "--json", "/proc/c.json"], "--json"),
+    (["gpu-check", "--dry-run", "--out", "/proc/pv-out"], "--out"),
+    (["gpu-check", "--dry-run", "--out", "/proc"], "--out"),
+    (["serve-check", "--json", "/proc/s.json"], "--json"),
     (["bench", "--backend", "nosuch"], "--backend"),
     (["bench", "--shapes", "1000000000,3,32000"], "--shapes"),
     (["bench", "--shapes", "1,2"], "--shapes"),
@@ -94,3 +100,48 @@ def test_good_command_lines_pass_the_checks(argv: list[str], in_tmp: Path) -> No
     args = cli.build_parser().parse_args(argv)
     args.cli_check(args)
     assert list(in_tmp.iterdir()) == [in_tmp / "a-file"]  # checking writes nothing
+
+
+def _really_writable(folder: Path) -> bool:
+    try:
+        (folder / "probe").write_text("x")
+    except OSError:
+        return False
+    (folder / "probe").unlink()
+    return True
+
+
+def test_output_checks_agree_with_a_real_write_in_a_read_only_folder(tmp_path: Path) -> None:
+    """The checks write to find out, so they answer what the run's own write would: refused
+    for an ordinary user in a read-only folder, allowed for root (who may write there)."""
+    import os
+
+    from portable_verify.cli import checks
+
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        expected = _really_writable(folder)
+        for check, path in ((checks.writable_file, folder / "r.json"),
+                            (checks.writable_dir, folder / "out"), (checks.writable_dir, folder)):
+            try:
+                check("--flag", str(path))
+                allowed = True
+            except checks.UsageError as exc:
+                assert str(exc).startswith("--flag: cannot write"), exc
+                allowed = False
+            assert allowed == expected, (check.__name__, path)
+        assert sorted(folder.iterdir()) == []  # the probes leave nothing behind
+    finally:
+        folder.chmod(0o755)
+    checks.writable_file("--flag", str(tmp_path / "new.json"))  # control: a writable folder
+    checks.writable_dir("--flag", str(tmp_path / "new" / "out"))
+    assert sorted(tmp_path.iterdir()) == [folder]
+    existing = tmp_path / "kept.json"
+    existing.write_text("kept")
+    checks.writable_file("--flag", str(existing))
+    assert existing.read_text() == "kept"  # an existing file is probed, not truncated
+    # Negative control for /proc: the permission bits let root through, a real write does not.
+    if os.geteuid() == 0:
+        assert os.access("/proc", os.W_OK) and not _really_writable(Path("/proc"))

@@ -1,13 +1,17 @@
 """The memory-read floor: the time of one reduction over exactly the bytes a method must read.
 
 No verifier can beat reading its inputs once, so ``verify time / floor`` says how much of the
-time is *not* spent streaming memory. The floor is the fastest of ``torch.amax``, ``torch.sum``
-and (CPU float32) numpy's ``max``: reductions read memory at different speeds, and the floor
-should be the best any of them reaches. The pick is made once per cell by a short calibration.
+time is *not* spent streaming memory. On the CPU the floor is the fastest of ``torch.amax``,
+``torch.sum`` and (CPU float32) numpy's ``max``: reductions read memory at different speeds, and
+the floor should be the best any of them reaches. The pick is made once per cell by a short
+calibration. On an accelerator a reduction over a few MB is one launch, timed mostly as
+overhead, so the floor is the bytes over the device's copy bandwidth (:func:`copy_bandwidth`).
 """
 
 from __future__ import annotations
 
+import functools
+import statistics
 import time
 from collections.abc import Callable
 
@@ -71,3 +75,33 @@ def floor_callable(parts: list[torch.Tensor]) -> tuple[str, Callable[[], object]
 def num_bytes(parts: list[torch.Tensor]) -> int:
     return int(sum(p.numel() * p.element_size() for p in parts))
 
+
+
+COPY_BYTES = 512 * 2**20
+"""The buffer :func:`copy_bandwidth` copies: far larger than any L2, small for any GPU."""
+
+
+@functools.cache
+def copy_bandwidth(device: torch.device, nbytes: int = COPY_BYTES, reps: int = 5,
+                   copies: int = 4) -> float:
+    """Bytes per second a device-to-device copy of ``nbytes`` reads and writes: ``2 * nbytes``
+    per copy over the median of ``reps`` synchronised blocks of ``copies`` copies (several per
+    block, so the sync is a small part of the time): the rate a memory-bound kernel can reach
+    on this device. Measured once per device and process."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)  # warm-up: allocation, first touch
+    times = []
+    for _ in range(reps):
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(copies):
+            dst.copy_(src)
+        synchronize(device)
+        times.append(time.perf_counter() - t0)
+    return 2 * nbytes * copies / statistics.median(times)
+
+
+def bandwidth_floor_ms(num_bytes_read: int, bandwidth: float) -> float:
+    """Milliseconds to read ``num_bytes_read`` at ``bandwidth`` bytes per second."""
+    return num_bytes_read / bandwidth * 1e3

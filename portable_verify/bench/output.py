@@ -27,6 +27,9 @@ def flat_row(cell: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
                                 "temperature", "floor_impl", "floor_bytes", "floor_GBps")}
     row.update({f"{k}_ms": cell["times_ms"].get(k) for k in TIME_KEYS})
     row.update({k: cell["ratios"].get(k) for k in RATIO_KEYS})
+    if "graph" in cell["times_ms"]:  # a CUDA run: device time by graph replay
+        row["graph_ms"] = cell["times_ms"]["graph"]
+        row["graph_x_floor"] = cell["ratios"]["graph_x_floor"]
     row["targets"] = "; ".join(f"{t['target']}: {'met' if t['met'] else 'MISSED'}"
                                for t in cell["targets"])
     row["threads"] = cell.get("threads", meta["threads"])
@@ -135,7 +138,8 @@ def render_table(cells: list[dict[str, Any]], meta: dict[str, Any]) -> Any:
              f"medians of {meta['repetitions']} interleaved repetitions "
              f"({meta['clock']} clock, ms per call)")
     sweep = len(meta.get("thread_counts", [1])) > 1
-    columns = ["device/backend", "thr", "dtype", "B,K,V", "variant", "ours", "dense", "floor",
+    columns = ["device/backend", "thr", "dtype", "B,K,V", "variant", "ours", "graph", "dense",
+               "floor",
                "vs dense", "x floor", "x argmax", "vs HF", "vs vLLM typ", "valid.", "full v.",
                "x rej.", "accept/pos",
                *(("x 1st thr", "amax x 1st", "/ amax", "vs torch") if sweep else ()), "targets"]
@@ -149,7 +153,8 @@ def render_table(cells: list[dict[str, Any]], meta: dict[str, Any]) -> Any:
         rows.append((
             f"{c['device']}/{c['backend']}", str(c.get("threads", meta["threads"])), c["dtype"],
             f"{c['B']},{c['K']},{c['V']}",
-            c["variant"], _fmt(t["verify"], ".3f"), _fmt(t["dense"], ".2f"),
+            c["variant"], _fmt(t["verify"], ".3f"), _fmt(t.get("graph"), ".3f"),
+            _fmt(t["dense"], ".2f"),
             _fmt(t["floor"], ".3f"), _fmt(r["speedup_vs_dense"], ".1f") + "x",
             _fmt(r["x_floor"], ".2f"), _fmt(r.get("x_argmax"), ".2f"),
             _fmt(r["speedup_vs_hf"], ".1f"), _fmt(r.get("speedup_vs_vllm_typical"), ".2f"),
@@ -168,6 +173,11 @@ def render_table(cells: list[dict[str, Any]], meta: dict[str, Any]) -> Any:
 
 
 COMPACT_COLUMNS = ("method", "input", "B,K,V", "ms/call", "x floor", "x dense", "verdict")
+GRAPH_COLUMNS = ("method", "input", "B,K,V", "eager ms", "graph ms", "x floor", "x dense",
+                 "verdict")
+"""A CUDA run's compact table: eager wall per call and device time by graph replay side by
+side; ``x floor`` there is the graph time over the copy-bandwidth floor (the device's own
+bound), ``x dense`` eager over eager."""
 
 
 def _series(cell: dict[str, Any], meta: dict[str, Any]) -> tuple[str, str, int]:
@@ -193,21 +203,43 @@ def compact_tables(cells: list[dict[str, Any]], meta: dict[str, Any]) -> list[An
         series.setdefault(_series(c, meta), []).append(c)
     tables = []
     for (backend, dtype, count), group in series.items():
-        title = (f"{backend}, {dtype}, {count} thread(s): medians of {meta['repetitions']} "
+        graph = any("graph" in c["times_ms"] for c in group)
+        title = (_graph_title(backend, dtype, group[0], meta) if graph else
+                 f"{backend}, {dtype}, {count} thread(s): medians of {meta['repetitions']} "
                  f"interleaved repetitions, {meta['clock']} clock ({meta['machine']['cpu']})")
         table = Table(title=title, title_justify="left")
-        for col in COMPACT_COLUMNS:
+        for col in GRAPH_COLUMNS if graph else COMPACT_COLUMNS:
             table.add_column(col, justify="left" if col in ("method", "input", "verdict")
                              else "right", no_wrap=True)
         for c in sorted(group, key=lambda c: (c["B"], c["K"], c["V"])):
             t, r = c["times_ms"], c["ratios"]
             verdict = _cell_verdict(c)
-            table.add_row(c["method"], c["inputs"], f"{c['B']},{c['K']},{c['V']}",
-                          _fmt(t["verify"], ".3f"), _fmt(r["x_floor"], ".2f"),
+            times = ((_fmt(t["verify"], ".3f"), _fmt(t["graph"], ".3f"),
+                      _fmt(r["graph_x_floor"], ".2f")) if graph else
+                     (_fmt(t["verify"], ".3f"), _fmt(r["x_floor"], ".2f")))
+            table.add_row(c["method"], c["inputs"], f"{c['B']},{c['K']},{c['V']}", *times,
                           _fmt(r["speedup_vs_dense"], ".1f"),
                           f"[red]{verdict}[/]" if verdict.startswith("MISSED") else verdict)
         tables.append(table)
     return tables
+
+
+def _device_name(device: str, meta: dict[str, Any]) -> str:
+    """The accelerator's name from the run's device list (``cuda`` is its first ``cuda:i``)."""
+    for d in meta.get("device_names", []):
+        if d["device"] == device or d["device"] == f"{device}:0":
+            return d["name"] or device
+    return device
+
+
+def _graph_title(backend: str, dtype: str, cell: dict[str, Any], meta: dict[str, Any]) -> str:
+    bandwidth = meta.get("copy_bandwidth_GBps", {}).get(cell["device"])
+    floor = f"{bandwidth:.0f} GB/s copy bandwidth" if bandwidth else "the copy bandwidth"
+    return (f"{backend}, {dtype} on {_device_name(cell['device'], meta)}: eager ms = wall per "
+            f"call, a sync after each, median of {meta['repetitions']} interleaved "
+            f"repetitions; graph ms = device time of one CUDA-graph replay, L2 flushed, median "
+            f"of {meta.get('graph_reps', '?')} replays; x floor = graph ms over the bytes a "
+            f"call must read at {floor}")
 
 
 def target_groups(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -245,6 +277,9 @@ def verdict_text(groups: list[dict[str, Any]], cells: list[dict[str, Any]],
     backends = ", ".join(dict.fromkeys(c["backend"] for c in cells)) or "no backend"
     counts = meta.get("thread_counts", [1])
     where = f"{backends}, {counts[0]} thread" + ("s" if counts[0] != 1 else "")
+    if cells and all(c.get("device", "cpu") != "cpu" for c in cells):  # threads mean nothing
+        devices = ", ".join(dict.fromkeys(_device_name(c["device"], meta) for c in cells))
+        where = f"{backends} on {devices}"
     if len(counts) > 1:
         where = f"{backends}, threads {','.join(map(str, counts))}"
     if not groups:

@@ -7,12 +7,19 @@ softmaxes both, and syncs with the host to branch on the number of matches. We f
 its interface needs: ``log(draft_probs)`` / ``log(target_probs)`` for probability inputs
 (softmax of a log is the distribution itself; the logs are taken outside the timed call), and
 ``target_logits / T`` plus a one-hot draft (as ``log``) for logit inputs (the division is
-inside the timed call, as it is in our call). vLLM v0's typical-acceptance sampler is rebuilt
-from its published algorithm (:func:`vllm_v0_typical_callable`).
+inside the timed call, as it is in our call). Its extra arguments changed between releases
+(``last_assistant_token_is_eos, max_matches``; ``is_done_candidate``; none required), so the
+adapter reads the signature (:func:`hf_extra_arguments`) instead of pinning a version. vLLM v0's
+typical-acceptance sampler is rebuilt from its published algorithm
+(:func:`vllm_v0_typical_callable`).
+
+A peer is a guest: :func:`guarded` turns an adapter that raises into a reason recorded in the
+cell, so one broken peer never stops the run.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,11 +65,54 @@ def hf_callable(inputs: CaseInputs, variant: Variant) -> Callable[[], object] | 
         target_logits = inputs.target
         temperature = variant.temperature
 
+    extra = hf_extra_arguments(_speculative_sampling, k)
+
     def call() -> object:
         new_logits = target_logits if temperature is None else target_logits / temperature
-        return _speculative_sampling(drafts, draft_logits, k, new_logits)
+        return _speculative_sampling(drafts, draft_logits, k, new_logits, **extra)
 
     return call
+
+
+HF_EXTRA_ARGUMENTS = {
+    "is_done_candidate": lambda k: False,  # the draft did not end in EOS or at max length
+    "last_assistant_token_is_eos": lambda k: False,  # the same, in older releases
+    "max_matches": lambda k: k,  # every draft may be accepted
+}
+"""Values for the required arguments ``_speculative_sampling`` has had after its first four
+(read in transformers' own source): each lets the verifier decide exactly as algorithm 1."""
+
+
+def hf_extra_arguments(fn: Callable[..., object], k: int) -> dict[str, object]:
+    """Keyword arguments for ``fn``'s required parameters after the first four (candidates,
+    draft logits, candidate length, target logits); a required one we do not know raises, with
+    its name, so the cell says why it was not timed."""
+    params = list(inspect.signature(fn).parameters.values())[4:]
+    extra: dict[str, object] = {}
+    for param in params:
+        if param.default is not inspect.Parameter.empty or param.kind in (
+                inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+            continue
+        if param.name not in HF_EXTRA_ARGUMENTS:
+            raise TypeError(f"_speculative_sampling has a required argument {param.name!r} "
+                            "this adapter does not know (a transformers release it was not "
+                            "written for)")
+        extra[param.name] = HF_EXTRA_ARGUMENTS[param.name](k)
+    return extra
+
+
+def guarded(build: Callable[[], Callable[[], object] | None]
+            ) -> tuple[Callable[[], object] | None, str | None]:
+    """``(call, None)`` for a peer that builds and runs once, ``(None, reason)`` for one that
+    raises (the reason goes in the cell), ``(None, None)`` where it does not apply. The one
+    call is the peer's first warm-up; the harness warms it up again."""
+    try:
+        call = build()
+        if call is not None:
+            call()
+    except Exception as exc:  # a peer is another project's code: any failure is its reason
+        return None, f"{type(exc).__name__}: {exc}"[:500]
+    return call, None
 
 
 def vllm_v0_typical_callable(inputs: CaseInputs, variant: Variant, eps: float,

@@ -8,6 +8,11 @@ verifier with validation on (``validate=True``; with ``"full"`` also ``validate=
 result row ("cell") is then reported per backend and thread count, with the ratios the
 performance targets (:mod:`portable_verify.bench.targets`) ask for.
 
+On an accelerator each call is timed with a sync after it, the floor is the must-read bytes over
+the device's copy bandwidth (:func:`portable_verify.bench.floor.copy_bandwidth`), and on CUDA
+each verify call's device time by graph replay
+(:func:`portable_verify.bench.harness.device_time_by_graph`) sits beside its eager time.
+
 A thread sweep (``threads=(1, 2, ...)``) times every contender at every count inside the same
 interleaved repetitions (:mod:`portable_verify.bench.threads` sets the count before each block),
 so a burst of load hits all counts alike; each cell then reports its speed-up over the first
@@ -29,7 +34,7 @@ import portable_verify as pv
 from portable_verify.bench import environment, floor, numba_runtime, peers, targets, threads
 from portable_verify.bench.cases import VARIANTS, CaseInputs, Shape, Variant, make_inputs
 from portable_verify.bench.dense import dense_verify
-from portable_verify.bench.harness import Timing, measure
+from portable_verify.bench.harness import DeviceTiming, Timing, device_time_by_graph, measure
 from portable_verify.core.types import DEFAULT_TYPICAL
 from portable_verify.dispatch import select_backend
 
@@ -49,6 +54,7 @@ class BenchConfig:
     validation: bool | str = False  # False, True (validate=True) or "full" (both levels)
     threads: tuple[int, ...] = (1,)  # ascending; a sweep when more than one
     clock: str = "wall"  # "wall" or "cpu" (thread CPU time; one-thread CPU runs only)
+    graph_reps: int = 50  # CUDA devices: replays timed for each verify's device time (0: none)
 
 
 @dataclass(frozen=True)
@@ -119,18 +125,45 @@ def _contenders(m: Measurement, inputs: CaseInputs, backends: list[str],
     else:
         contenders["dense"] = lambda: dense_verify(inputs.drafts, **kw)
     parts = floor.must_read(inputs, m.variant)
-    floor_impl, contenders["floor"] = floor.floor_callable(parts)
+    floor_ms = None
+    if m.device.type == "cpu":
+        floor_impl, contenders["floor"] = floor.floor_callable(parts)
+    else:  # a reduction over a few MB times the launch: bytes over the copy bandwidth instead
+        bandwidth = floor.copy_bandwidth(m.device)
+        floor_impl = f"copy bandwidth {bandwidth / 1e9:.0f} GB/s"
+        floor_ms = floor.bandwidth_floor_ms(floor.num_bytes(parts), bandwidth)
     contenders["argmax"] = lambda: torch.argmax(inputs.target, dim=-1)
     contenders["amax"] = lambda: torch.amax(inputs.target, dim=-1)
-    hf = peers.hf_callable(inputs, m.variant) if peers.hf_status().available else None
-    if hf is not None:
-        contenders["hf"] = hf
-    vllm = peers.vllm_v0_typical_callable(inputs, m.variant, DEFAULT_TYPICAL.eps,
-                                          DEFAULT_TYPICAL.alpha)
-    if vllm is not None:
-        contenders["vllm_v0_typical"] = vllm
+    builders: dict[str, Callable[[], Callable[[], object] | None]] = {
+        "vllm_v0_typical": lambda: peers.vllm_v0_typical_callable(
+            inputs, m.variant, DEFAULT_TYPICAL.eps, DEFAULT_TYPICAL.alpha)}
+    if peers.hf_status().available:
+        builders = {"hf": lambda: peers.hf_callable(inputs, m.variant), **builders}
+    peer_errors: dict[str, str] = {}
+    for name, build in builders.items():
+        call, why = peers.guarded(build)
+        if call is not None:
+            contenders[name] = call
+        elif why is not None:
+            peer_errors[name] = why
     return contenders, {"floor_impl": floor_impl, "floor_bytes": floor.num_bytes(parts),
-                        "acceptance": inputs.acceptance}
+                        "floor_ms": floor_ms, "acceptance": inputs.acceptance,
+                        "peer_errors": peer_errors}
+
+
+def _graph_times(contenders: dict[str, Callable[[], object]], backends: list[str],
+                 device: torch.device, reps: int) -> dict[str, DeviceTiming | str] | None:
+    """Each backend's device time by graph replay on a CUDA device (None elsewhere, or with
+    ``reps`` 0); a call that cannot be captured gets its reason instead."""
+    if device.type != "cuda" or reps < 1:
+        return None
+    out: dict[str, DeviceTiming | str] = {}
+    for name in backends:
+        try:
+            out[name] = device_time_by_graph(contenders[f"verify:{name}"], device, reps=reps)
+        except Exception as exc:  # an uncapturable backend is reported, not fatal
+            out[name] = f"{type(exc).__name__}: {exc}"[:500]
+    return out
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -175,6 +208,8 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
         at = f"@{count}"
         ms = {key[: -len(at)]: x for key, x in all_ms.items() if key.endswith(at)}
         other = {key[: -len(at)]: x for key, x in all_other.items() if key.endswith(at)}
+        if info["floor_ms"] is not None:  # computed from the copy bandwidth, not timed
+            ms["floor"] = other["floor"] = info["floor_ms"]
         for name in backends:
             t = ms[f"verify:{name}"]
             timing = timings[f"verify:{name}{at}"]
@@ -202,6 +237,7 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
                 "floor_bytes": info["floor_bytes"],
                 "floor_GBps": info["floor_bytes"] / (ms["floor"] * 1e-3) / 1e9,
                 "acceptance_per_position": info["acceptance"],
+                "peer_errors": info["peer_errors"],
             }
             cell["ratios"] = {
                 "speedup_vs_dense": _ratio(ms["dense"], t),
@@ -216,9 +252,23 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
                 "x_rejection": _ratio(t, ms.get("rejection_same_inputs")),
                 **_thread_ratios(all_ms, name, count, counts[0], backends),
             }
+            if info.get("graph") is not None:
+                _add_graph_time(cell, info["graph"][name])
             cell["targets"] = targets.evaluate(cell)
             cells.append(cell)
     return cells
+
+
+def _add_graph_time(cell: dict[str, Any], timing: DeviceTiming | str) -> None:
+    """The cell's device time by graph replay beside its eager time (or why there is none)."""
+    graph = timing if isinstance(timing, DeviceTiming) else None
+    cell["times_ms"]["graph"] = graph.median_s * 1e3 if graph else None
+    cell["graph_spread_ms"] = ({"min": graph.min_s * 1e3, "max": graph.max_s * 1e3,
+                                "reps": graph.reps, "l2_flushed": graph.l2_flushed}
+                               if graph else None)
+    cell["graph_error"] = None if graph else timing
+    cell["ratios"]["graph_x_floor"] = _ratio(cell["times_ms"]["graph"],
+                                             cell["times_ms"]["floor"])
 
 
 def run(config: BenchConfig) -> Iterator[tuple[Measurement, list[dict[str, Any]]]]:
@@ -241,6 +291,7 @@ def run(config: BenchConfig) -> Iterator[tuple[Measurement, list[dict[str, Any]]
             timings = measure(contenders, m.device, repetitions=config.repetitions,
                               warmup=config.warmup, min_block_s=config.min_block_s,
                               setups=setups)
+            info["graph"] = _graph_times(base, backends, m.device, config.graph_reps)
             yield m, _cells(m, backends, timings, info, config.clock, config.threads)
             del inputs, contenders, base
 
@@ -248,6 +299,7 @@ def run(config: BenchConfig) -> Iterator[tuple[Measurement, list[dict[str, Any]]
 def metadata(config: BenchConfig, argv: list[str] | None) -> dict[str, Any]:
     """Everything needed to reproduce or judge a result file."""
     hf = peers.hf_status()
+    accelerators = [d for d in config.devices if d.type != "cpu"]
     return {
         "command": "portable-verify " + " ".join(argv if argv is not None else sys.argv[1:]),
         "timestamp": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -262,6 +314,8 @@ def metadata(config: BenchConfig, argv: list[str] | None) -> dict[str, Any]:
         "clock": config.clock,
         "dtypes": list(config.dtypes),
         "peers": {hf.name: {"available": hf.available, "detail": hf.detail}},
+        **({"copy_bandwidth_GBps": {str(d): floor.copy_bandwidth(d) / 1e9 for d in accelerators},
+            "graph_reps": config.graph_reps} if accelerators else {}),
         "targets_note": "targets apply to CPU float32 at 1 thread (thread-scaling targets at "
                         "2 threads); ratios are side by side",
     }

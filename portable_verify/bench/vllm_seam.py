@@ -41,8 +41,14 @@ def vllm_missing_reason() -> str | None:
     return None
 
 
-def step_inputs(b: int, k: int, v: int, mode: str, seed: int = 0) -> tuple[tuple, Any]:
-    """The positional arguments of ``rejection_sample`` and its sampling metadata."""
+def step_inputs(b: int, k: int, v: int, mode: str, seed: int = 0,
+                device: torch.device | str = "cpu") -> tuple[tuple, Any]:
+    """The positional arguments of ``rejection_sample`` and its sampling metadata, on
+    ``device`` (drawn on the CPU from ``seed``, so every device gets the same numbers).
+    ``mode``: one of :data:`MODES`, or ``"mixed"`` (every other request greedy, from the
+    first)."""
+    if mode not in (*MODES, "mixed"):
+        raise ValueError(f"mode must be one of {(*MODES, 'mixed')}, got {mode!r}")
     g = torch.Generator().manual_seed(seed)
     n = b * k
     logits = torch.randn(n, v, generator=g) * 2
@@ -52,16 +58,37 @@ def step_inputs(b: int, k: int, v: int, mode: str, seed: int = 0) -> tuple[tuple
     if mode == "sampled with draft probs":
         draft_logits = torch.randn(n, v, generator=g)
         draft_logits[torch.arange(n), drafts] += 4.0
-        draft_probs = torch.softmax(draft_logits, -1).contiguous()
+        draft_probs = torch.softmax(draft_logits, -1).contiguous().to(device)
     greedy = mode == "all greedy"
+    temperature = None
+    if not greedy:
+        temperature = torch.full((b,), 0.8)
+        if mode == "mixed":
+            temperature[::2] = 0.0
+        temperature = temperature.to(device)
     metadata = types.SimpleNamespace(
-        temperature=None if greedy else torch.full((b,), 0.8), all_greedy=greedy,
-        all_random=not greedy, generators={}, top_k=None, top_p=None)
+        temperature=temperature, all_greedy=greedy,
+        all_random=mode not in ("all greedy", "mixed"),
+        generators={}, top_k=None, top_p=None)
     counts = [k] * b
-    cu = torch.arange(1, b + 1, dtype=torch.int32) * k
-    bonus = torch.randint(0, v, (b, 1), generator=g)
-    args = (drafts.to(torch.int32).contiguous(), counts, k, cu, draft_probs, logits, bonus)
+    cu = (torch.arange(1, b + 1, dtype=torch.int32) * k).to(device)
+    bonus = torch.randint(0, v, (b, 1), generator=g).to(device)
+    args = (drafts.to(torch.int32).contiguous().to(device), counts, k, cu, draft_probs,
+            logits.to(device), bonus)
     return args, metadata
+
+
+def seam_contenders(args: tuple, metadata: Any, backend: str = "auto"
+                    ) -> dict[str, Callable[[], Any]]:
+    """Zero-argument calls on one step's arguments (from :func:`step_inputs`): the plugin's
+    ``verify_spec_decode_step`` and vLLM 0.32's algorithm rebuilt in torch ops
+    (:func:`portable_verify.bench.vllm_rebuilt.vllm_v1_rejection_sample`), which needs no vLLM
+    installed. Both allocate their own outputs; neither changes the arguments."""
+    from portable_verify.bench.vllm_rebuilt import vllm_v1_rejection_sample
+    from portable_verify.integrations.vllm_v1.sampler import verify_spec_decode_step
+
+    return {"plugin": lambda: verify_spec_decode_step(*args, metadata, backend=backend),
+            "vllm_rebuilt": lambda: vllm_v1_rejection_sample(*args, metadata)}
 
 
 def _time_interleaved(fns: dict[str, Callable[[], Any]], min_reps: int, budget_s: float

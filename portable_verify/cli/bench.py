@@ -2,7 +2,8 @@
 
 The default run is sized for a person at a terminal (a few minutes, cold kernel cache
 included); ``--full`` adds the largest shape and more repetitions, ``--quick`` is a first look.
-The table shows what a reader needs at 100 columns; ``--wide`` shows every measured column.
+The table shows what a reader needs at 100 columns; ``--wide`` shows every measured column. On
+a CUDA device the table puts eager wall time per call beside device time by graph replay.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ def add_parser(subparsers: Any) -> None:
         help="benchmark verification against the dense baseline and the memory-read floor",
         description="Sweep (B, K, V) x method x input kind on a device; report medians of "
         "interleaved repetitions and the ratios to the dense textbook verifier, the "
-        "memory-read floor, torch.argmax and HF transformers (batch 1).",
+        "memory-read floor, torch.argmax and HF transformers (batch 1). On a CUDA device the "
+        "floor comes from its copy bandwidth and each call's device time by CUDA-graph replay "
+        "is shown beside its eager time.",
     )
     size = p.add_mutually_exclusive_group()
     size.add_argument("--quick", action="store_true",
@@ -227,3 +230,9 @@ def _print_results(args: argparse.Namespace, cells: list[dict[str, Any]],
         console.print(line, markup=False, highlight=False)
     peer = next(iter(meta["peers"].items()))
     console.print(f"peer {peer[0]}: {peer[1]['detail']}", highlight=False)
+    failed = {(name, why) for c in cells for name, why in c.get("peer_errors", {}).items()}
+    for name, why in sorted(failed):
+        console.print(f"peer {name} not timed: {why}", markup=False, highlight=False)
+    uncaptured = {(c["backend"], c["graph_error"]) for c in cells if c.get("graph_error")}
+    for name, why in sorted(uncaptured):
+        console.print(f"{name}: no graph time: {why}", markup=False, highlight=False)

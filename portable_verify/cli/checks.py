@@ -13,6 +13,7 @@ import argparse
 import math
 import os
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
@@ -52,40 +53,60 @@ def run_checked(parser: argparse.ArgumentParser, args: argparse.Namespace) -> in
 
 
 def writable_file(flag: str, path: str | None, stdout_ok: bool = False) -> None:
-    """``path`` can be created or overwritten: its folder exists and is writable (``-`` is
-    standard output where ``stdout_ok``)."""
+    """``path`` can be created or overwritten, found by doing it: a new file is created and
+    removed, an existing one opened to append (left unchanged); ``-`` is standard output where
+    ``stdout_ok``. Why not ``os.access``: it says yes to root everywhere, and a folder such as
+    ``/proc`` refuses new files whatever its mode bits say."""
     if path is None or (stdout_ok and path == "-"):
         return
     target = Path(path).expanduser()
     if target.is_dir():
         raise UsageError(flag, f"{path!r} is a folder, not a file")
-    _writable_dir(flag, target.parent, path)
-    if target.exists() and not os.access(target, os.W_OK):
-        raise UsageError(flag, f"{path!r} exists and is not writable")
+    _existing_folder(flag, target.parent, path)
+    existed = target.exists()
+    if existed and not target.is_file():  # a device such as /dev/null: opening is the write
+        if not os.access(target, os.W_OK):
+            raise UsageError(flag, f"{path!r} exists and is not writable")
+        return
+    try:
+        with open(target, "a" if existed else "x", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        raise UsageError(flag, f"cannot write {path!r}: {exc.strerror or exc}") from None
+    if not existed:
+        target.unlink(missing_ok=True)
 
 
 def writable_dir(flag: str, path: str | None) -> None:
-    """``path`` is a writable folder, or one that can be created in a writable folder."""
+    """``path`` is a folder files can be written in, or one that can be created, found by
+    doing it: a file is created and removed in the folder, or (where it does not exist yet) a
+    folder created and removed in its nearest existing parent."""
     if path is None:
         return
     target = Path(path).expanduser()
-    if target.exists():
-        if not target.is_dir():
-            raise UsageError(flag, f"{path!r} exists and is not a folder")
-        _writable_dir(flag, target, path)
-        return
-    parent = next((p for p in target.parents if p.exists()), Path("."))
-    _writable_dir(flag, parent, path)
+    if target.exists() and not target.is_dir():
+        raise UsageError(flag, f"{path!r} exists and is not a folder")
+    folder = target if target.exists() else next(
+        (p for p in target.parents if p.exists()), Path("."))
+    _existing_folder(flag, folder, path)
+    try:
+        if target.exists():
+            fd, probe = tempfile.mkstemp(dir=folder, prefix=".pv-probe-")
+            os.close(fd)
+            os.unlink(probe)
+        else:
+            os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".pv-probe-"))
+    except OSError as exc:
+        raise UsageError(flag, f"cannot write {path!r}: folder {str(folder)!r}: "
+                         f"{exc.strerror or exc}") from None
 
 
-def _writable_dir(flag: str, folder: Path, path: str) -> None:
+def _existing_folder(flag: str, folder: Path, path: str) -> None:
     folder = folder if str(folder) else Path(".")
     if folder.exists() and not folder.is_dir():
         raise UsageError(flag, f"cannot write {path!r}: {str(folder)!r} is not a folder")
     if not folder.is_dir():
         raise UsageError(flag, f"cannot write {path!r}: folder {str(folder)!r} does not exist")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(flag, f"cannot write {path!r}: folder {str(folder)!r} is not writable")
 
 
 def at_least(flag: str, value: float | None, low: float) -> None:
