@@ -18,20 +18,18 @@ from __future__ import annotations
 
 import statistics
 import time
-import types
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
 import portable_verify as pv
-from portable_verify.bench import floor
+from portable_verify.bench import floor, harness, vllm_seam
 from portable_verify.bench.cases import Variant, make_inputs
 from portable_verify.core.types import VerifyOptions
 
 MIN_REPS = 15
 GRAPH_REPS = 50
-FLUSH_BYTES = 256 << 20  # larger than an H200's 60 MiB L2
 OVERHEAD_US = 5.0  # the "+ 5 us" every device-time bound allows
 
 FOUNDING = (1, 2, 32000)
@@ -87,33 +85,11 @@ def eager_us(fns: dict[str, Callable[[], Any]], device: torch.device, min_reps: 
                    "max_us": round(max(t), 2), "reps": len(t)} for name, t in times.items()}
 
 
-def graph_device_us(fn: Callable[[], Any], reps: int = GRAPH_REPS, flush: bool = True
-                    ) -> dict[str, float]:
-    """Device us of one call replayed from a CUDA graph, L2 flushed before each replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    scratch = torch.empty(FLUSH_BYTES // 4, dtype=torch.float32, device="cuda")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(reps):
-        if flush:
-            scratch.zero_()
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    times.sort()
-    return {"median_us": round(statistics.median(times), 2),
-            "p10_us": round(times[len(times) // 10], 2),
-            "p90_us": round(times[(9 * len(times)) // 10], 2), "reps": reps}
+def graph_device_us(fn: Callable[[], Any], device: torch.device) -> dict[str, float]:
+    """:func:`harness.device_time_by_graph` (L2 flushed) as us for the JSON."""
+    t = harness.device_time_by_graph(fn, device, reps=GRAPH_REPS)
+    return {"median_us": round(t.median_s * 1e6, 2), "min_us": round(t.min_s * 1e6, 2),
+            "max_us": round(t.max_s * 1e6, 2), "reps": t.reps}
 
 
 def launches(fn: Callable[[], Any]) -> dict[str, Any]:
@@ -146,23 +122,6 @@ def sync_free(fn: Callable[[], Any]) -> str | None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     return None
-
-
-def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30) -> float | None:
-    """Bytes read + written per second by a large device-to-device copy (the floor's rate)."""
-    if not is_cuda(device):
-        return None
-    src = torch.empty(nbytes // 4, dtype=torch.float32, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * nbytes / best
 
 
 def target(name: str, measured: Any, bound: str, met: bool | None) -> dict[str, Any]:
@@ -225,26 +184,11 @@ def door_calls(shape: tuple[int, int, int], method: str, device: torch.device, b
 
 
 def seam_step(shape: tuple[int, int, int], mode: str, device: torch.device,
-              with_q: bool | None = None, seed: int = 0) -> tuple[tuple, Any]:
-    """vLLM V1 ``rejection_sample``'s arguments on ``device`` (inputs as in
-    gpu-measurements.md: standard-normal logits x 2, drafts hit the argmax 60% of the time)."""
-    from portable_verify.bench.vllm_seam import step_inputs
-
-    base_mode = "all sampled" if mode == "mixed" else mode
-    if with_q:
-        base_mode = "sampled with draft probs"
-    args, md = step_inputs(*shape, base_mode, seed=seed)
-    moved = tuple(a.to(device) if isinstance(a, torch.Tensor) else a for a in args)
-    b = shape[0]
-    temperature = None if md.temperature is None else md.temperature.to(device)
-    all_greedy, all_random = md.all_greedy, md.all_random
-    if mode == "mixed":  # every other request greedy
-        temperature = torch.where(torch.arange(b, device=device) % 2 == 0, 0.0, 0.8)
-        all_greedy, all_random = False, False
-    metadata = types.SimpleNamespace(temperature=temperature, all_greedy=all_greedy,
-                                     all_random=all_random, generators={}, top_k=None,
-                                     top_p=None)
-    return moved, metadata
+              with_q: bool = False) -> tuple[tuple, Any]:
+    """vLLM V1 ``rejection_sample``'s arguments on ``device`` (:func:`vllm_seam.step_inputs`:
+    the inputs of gpu-measurements.md)."""
+    return vllm_seam.step_inputs(*shape, "sampled with draft probs" if with_q else mode,
+                                 device=device)
 
 
 # ---------------------------------------------------------------- the target sections
@@ -304,25 +248,12 @@ def founding_targets(device: torch.device, backend: str, dry_run: bool) -> dict[
                        r <= 60 if real else None)]}
 
 
-def contender() -> Callable[..., torch.Tensor] | None:
-    """The contender rebuilt from vLLM's published algorithm (bench/vllm_rebuild.py)."""
-    try:
-        from portable_verify.bench.vllm_rebuild import rejection_sample
-    except ImportError:
-        return None
-    return rejection_sample
-
-
 def seam_targets(device: torch.device, backend: str, dry_run: bool,
                  left: Callable[[], float]) -> dict[str, Any]:
     """The plugin's V1 seam against the calibrated vLLM rebuild, eager, on the 22 cells."""
+    from portable_verify.bench.vllm_rebuilt import vllm_v1_rejection_sample as theirs
     from portable_verify.integrations.vllm_v1.sampler import verify_spec_decode_step
 
-    theirs = contender()
-    if theirs is None:
-        return {"skipped": "no vLLM rebuild (bench/vllm_rebuild.py) in this checkout",
-                "targets": [target("seam >= 1.0x the calibrated contender", None, ">= 1.0x",
-                                   None)]}
     cells: list[dict[str, Any]] = []
     plan = (((DRY_SHAPE, (*SEAM_MODES, "mixed")),) if dry_run else SEAM_CELLS)
     for shape, modes in plan:
@@ -389,8 +320,7 @@ def device_time_targets(device: torch.device, backend: str, dry_run: bool,
         return {"skipped": "device time needs CUDA graphs", "targets": [
             target("rejection from p, q device time (TileOPs' case)", None, "<= 15 / 30 us",
                    None)]}
-    bandwidth = copy_bandwidth(device)
-    assert bandwidth is not None
+    bandwidth = floor.copy_bandwidth(device)
     cells: list[dict[str, Any]] = []
     tile = dict(TILEOPS_CELLS)
     for shape in FLOOR_CELLS:
@@ -410,10 +340,10 @@ def device_time_targets(device: torch.device, backend: str, dry_run: bool,
             cell: dict[str, Any] = {"shape": shape, "variant": variant.label,
                                     "floor_us": round(floor_us, 2)}
             try:
-                cell["device"] = graph_device_us(call)
+                cell["device"] = graph_device_us(call, device)
                 if variant.method == "greedy":
                     rows = inputs.target
-                    cell["argmax"] = graph_device_us(lambda r=rows: torch.argmax(r, -1))
+                    cell["argmax"] = graph_device_us(lambda r=rows: torch.argmax(r, -1), device)
             except Exception as exc:
                 cell["error"] = f"{type(exc).__name__}: {exc}"[:400]
             cells.append(cell)
@@ -447,7 +377,7 @@ def tree_targets(device: torch.device, backend: str, dry_run: bool,
 
     shapes = ((2, 4, 64),) if dry_run else ((1, 8, 32000), *TREE_DEVICE_CELLS)
     cells: list[dict[str, Any]] = []
-    bandwidth = copy_bandwidth(device)
+    bandwidth = floor.copy_bandwidth(device) if is_cuda(device) else None
     for shape in shapes:
         for mode, method in (("deterministic", "greedy"), ("iid", "rejection")):
             if left() < 5:
@@ -463,9 +393,9 @@ def tree_targets(device: torch.device, backend: str, dry_run: bool,
                 if is_cuda(device):
                     cell.update(launches(fn))
                     cell["eager"] = eager_us({"tree": fn}, device)["tree"]
-                    cell["device"] = graph_device_us(fn)
+                    cell["device"] = graph_device_us(fn, device)
                     b, n, v = shape
-                    cell["floor_us"] = round(b * n * v * 4 / bandwidth * 1e6, 2)
+                    cell["floor_us"] = round(b * n * v * 4 / (bandwidth or 1) * 1e6, 2)
             except Exception as exc:
                 cell["error"] = f"{type(exc).__name__}: {exc}"[:400]
             cells.append(cell)
