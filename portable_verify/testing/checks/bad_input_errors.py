@@ -8,6 +8,7 @@ inputs every emitted id stays in ``[0, V)`` and the output shapes hold (docs/sem
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -104,15 +105,17 @@ def no_mutation(backend: str, quick: bool) -> CheckResult:
     """Inputs are never written, whether the call succeeds, raises, or skips validation."""
     failures = []
     device = torch_device(backend)
-    calls: list[tuple[str, dict[str, Any]]] = [
-        (f"{method} {name}", {**build(device), "method": method})
+    calls: list[tuple[str, Callable[[], dict[str, Any]]]] = [  # each built when it is run
+        (f"{method} {name}", lambda b=build, m=method: {**b(device), "method": m})
         for method in methods_of(backend)
         for name, build in (("logits", valid_call), ("probs", probs_call))
     ]
-    calls += [(f"bad: {c.label}", c.build(device)) for c in BAD_CASES if "device" not in c.label]
-    calls += [(f"unvalidated: {label}", {**call, "validate": False})
+    calls += [(f"bad: {c.label}", lambda c=c: c.build(device))
+              for c in BAD_CASES if "device" not in c.label]
+    calls += [(f"unvalidated: {label}", lambda call=call: {**call, "validate": False})
               for label, call in _garbage_calls(methods_of(backend), device)]
-    for label, call in calls:
+    for label, build in calls:
+        call = build()
         before = _snapshot(call)
         with contextlib.suppress(ValueError, TypeError):  # raising is fine; writing is not
             pv.verify(**{"backend": backend, **call})

@@ -128,9 +128,9 @@ def mixed_greedy_rows(backend: str, quick: bool) -> CheckResult:
                         target="logits" if i % 2 else "probs", ties=i % 3 == 0,
                         draft_probs=i % 4 < 2, ragged=i % 5 < 3)
         kwargs = build_case(spec, device=device)
-        greedy = host(kwargs["temperature"]) == 0
         for method in ("rejection", "typical"):
             mixed = compare(tally, backend, spec.label, kwargs, method)
+            greedy = host(kwargs["temperature"]) == 0
             if not greedy.any() or tally.failures:
                 continue
             idx = torch.from_numpy(np.flatnonzero(greedy)).to(device)

@@ -30,7 +30,7 @@ import torch
 import portable_verify as pv
 from portable_verify.dispatch import torch_device
 from portable_verify.testing.cases.call_forms import to_ragged
-from portable_verify.testing.cases.random_cases import CaseSpec, build_case
+from portable_verify.testing.cases.random_cases import CaseSpec, build_case, on_device
 from portable_verify.testing.checks.memory_soak import rss_bytes
 from portable_verify.testing.checks.reference_comparison import host
 from portable_verify.testing.isolation import run_isolated
@@ -69,11 +69,12 @@ def workload(device: torch.device | str = "cpu") -> list[tuple[str, dict[str, An
     ]
     work = []
     for label, spec in inputs:
-        kwargs = build_case(spec, device=device)
+        kwargs = build_case(spec)  # cut to the ragged layout on the host, then moved once
         kwargs.pop("uniforms")  # seeded: the per-call seed_offset advances the streams
         kwargs["seed"] = 1234
         if label.startswith("ragged"):
             kwargs = to_ragged(kwargs)
+        kwargs = on_device(kwargs, device)
         for method in ("greedy", "auto", "typical"):
             work.append((label, kwargs, method))
     return work
