@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 import torch
+
+TEST_DEVICE = os.environ.get("PORTABLE_VERIFY_TEST_DEVICE", "cpu")
+"""Where the device tests build their tensors (``gpu-check`` sets ``cuda``); one place."""
 
 
 def random_logits(b: int, k: int, v: int, seed: int = 0) -> torch.Tensor:
