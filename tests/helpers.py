@@ -12,6 +12,13 @@ TEST_DEVICE = os.environ.get("PORTABLE_VERIFY_TEST_DEVICE", "cpu")
 """Where the device tests build their tensors (``gpu-check`` sets ``cuda``); one place."""
 
 
+def on_test_device(call: dict[str, Any]) -> dict[str, Any]:
+    """``call`` with every tensor on :data:`TEST_DEVICE`."""
+    from portable_verify.testing.cases.random_cases import on_device
+
+    return on_device(call, TEST_DEVICE)
+
+
 def random_logits(b: int, k: int, v: int, seed: int = 0) -> torch.Tensor:
     """float32 ``[B, K+1, V]`` standard-normal logits from a seeded generator."""
     return torch.randn(b, k + 1, v, generator=torch.Generator().manual_seed(seed))
