@@ -116,13 +116,13 @@ def request_independence(backend: str, quick: bool) -> CheckResult:
         }
         for label, idx in views.items():
             part = _tokens(_verify(backend, **_take(kwargs, idx), seed=seeds[idx],
-                                     seed_offset=offsets[idx]))
+                                   seed_offset=offsets[idx]))
             if not np.array_equal(part, full[idx.numpy()]):
                 failures.append(f"case {case_seed}: tokens change when the batch is {label}")
         merged = {k: torch.cat([v, others[k]]) if isinstance(v, torch.Tensor) else v
                   for k, v in kwargs.items()}
         grown = _tokens(_verify(backend, **merged, seed=torch.cat([seeds, seeds + 1]),
-                                  seed_offset=torch.cat([offsets, offsets])))
+                                seed_offset=torch.cat([offsets, offsets])))
         if not np.array_equal(grown[:b], full):
             failures.append(f"case {case_seed}: tokens change when requests are added")
         padded = _pad_positions(kwargs, extra=2, gen=gen)
@@ -210,7 +210,7 @@ def seed_hash(backend: str, quick: bool) -> CheckResult:
         seeds = gen.integers(-SEED_RANGE, SEED_RANGE, b)
         offsets = gen.integers(0, SEED_RANGE, b)
         via_seed = _verify(backend, **kwargs, seed=torch.from_numpy(seeds),
-                             seed_offset=torch.from_numpy(offsets))
+                           seed_offset=torch.from_numpy(offsets))
         u = torch.from_numpy(rng.uniforms_numpy(seeds, offsets, k + 1))
         via_u = _verify(backend, **kwargs, uniforms=u)
         if not np.array_equal(_tokens(via_seed), _tokens(via_u)):
