@@ -132,6 +132,16 @@ def available_backends() -> list[str]:
     return [n for n, status in backend_status().items() if status.available and n[0] != "_"]
 
 
+def torch_device(name: str) -> torch.device:
+    """The torch device backend ``name``'s tensors live on (``triton:cuda``: cuda; ``numpy``,
+    ``numba:cpu``, ``triton:interpreter``: cpu; a registered backend: its
+    ``torch_device_type()``), so tools build its inputs there; ``auto:X`` means X."""
+    name = ALIASES.get(name, name)
+    if name == "auto" or name.startswith("auto:"):
+        return torch.device(name.partition(":")[2] or "cpu")
+    return torch.device(_instantiate(_canonical(name, None)).torch_device_type())
+
+
 def get_backend(name: str) -> Backend:
     """The backend called ``name`` (a bare implementation means its default device).
 

@@ -2,10 +2,21 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 import torch
+
+TEST_DEVICE = os.environ.get("PORTABLE_VERIFY_TEST_DEVICE", "cpu")
+"""Where the device tests build their tensors (``gpu-check`` sets ``cuda``); one place."""
+
+
+def on_test_device(call: dict[str, Any]) -> dict[str, Any]:
+    """``call`` with every tensor on :data:`TEST_DEVICE`."""
+    from portable_verify.testing.cases.random_cases import on_device
+
+    return on_device(call, TEST_DEVICE)
 
 
 def random_logits(b: int, k: int, v: int, seed: int = 0) -> torch.Tensor:

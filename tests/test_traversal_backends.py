@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from helpers import TEST_DEVICE, on_test_device
 
 import portable_verify as pv
 from portable_verify.backends.numpy.chain import inverse_cdf_draw, softmax
@@ -26,8 +27,12 @@ from portable_verify.testing.cases.tree_cases import MODES, random_tree_call
 pytest.importorskip("numba")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-BACKENDS = ("numba:cpu", "torch:cpu")
-SLOW_BACKENDS = ("triton:interpreter", "openvino:CPU")
+ON_HOST = TEST_DEVICE == "cpu"
+BACKENDS = ("numba:cpu", "torch:cpu") if ON_HOST else (f"torch:{TEST_DEVICE}",
+                                                       f"triton:{TEST_DEVICE}")
+"""On ``PORTABLE_VERIFY_TEST_DEVICE`` (helpers.TEST_DEVICE): calls move there
+(helpers.on_test_device); the twin and the numpy reference read the host copy."""
+SLOW_BACKENDS = ("triton:interpreter", "openvino:CPU") if ON_HOST else ()
 """Compared on fewer cases: the Triton interpreter runs a program per request in numpy; the
 OpenVINO walk pays a graph call per step."""
 SLOW_CASES = 16
@@ -148,8 +153,9 @@ def test_backends_equal_the_rule_on_random_trees(mode: str) -> None:
         expected = _twin(call)
         slow = EXTRA if index < SLOW_CASES else ()
         for backend in ("numpy", *BACKENDS, *slow):  # the numpy reference, then each backend
-            got = pv.verify_tree(**call, method="traversal", backend=backend).token_ids
-            assert np.array_equal(np.asarray(got), expected), (backend, call)
+            args = call if backend == "numpy" else on_test_device(call)
+            got = pv.verify_tree(**args, method="traversal", backend=backend).token_ids
+            assert np.array_equal(got.cpu().numpy(), expected), (backend, call)
         wrong_rule_caught += not np.array_equal(_twin(call, row_draw=True), expected)
     # Negative control: the same comparison sees a known error (pitfall: the next token drawn
     # from the node's row after its children were rejected) on these trees.
@@ -160,7 +166,7 @@ def test_node_ids_are_the_accepted_path() -> None:
     call = _calls("iid", 1, seed=3)[0]
     call.pop("max_depth", None)
     for backend in BACKENDS:
-        res = pv.verify_tree(**call, method="traversal", backend=backend)
+        res = pv.verify_tree(**on_test_device(call), method="traversal", backend=backend)
         for b in range(res.node_ids.shape[0]):
             a = int(res.num_accepted[b])
             nodes = res.node_ids[b, :a].tolist()
@@ -206,8 +212,8 @@ def test_a_chain_is_block_verification(backend: str) -> None:
     trials = {"numba:cpu": 120, "triton:interpreter": 16}.get(backend, 40)
     for trial in range(trials):
         chain, tree = _chain_call(rng, logits=trial % 2 == 0, with_q=trial % 3 != 0)
-        block = pv.verify(**chain, method="block", backend=backend)
-        trav = pv.verify_tree(**tree, method="traversal", backend=backend)
+        block = pv.verify(**on_test_device(chain), method="block", backend=backend)
+        trav = pv.verify_tree(**on_test_device(tree), method="traversal", backend=backend)
         assert torch.equal(trav.token_ids, block.token_ids), trial
         assert torch.equal(trav.num_accepted, block.num_accepted), trial
 
@@ -218,6 +224,7 @@ def test_greedy_rows_take_the_greedy_walk(backend: str) -> None:
     call["target_logits"] = call.pop("target_probs", call.get("target_logits"))
     b = call["node_token_ids"].shape[0]
     call["temperature"] = torch.tensor([0.0 if i % 2 == 0 else 1.0 for i in range(b)])
+    call = on_test_device(call)
     greedy = pv.verify_tree(**call, method="greedy", backend=backend).token_ids
     trav = pv.verify_tree(**call, method="traversal", backend=backend).token_ids
     assert torch.equal(trav[0::2], greedy[0::2])
@@ -235,13 +242,14 @@ def _rooted_pair() -> dict[str, Any]:
 def test_validate_true_checks_the_rows_the_walk_enters() -> None:
     call = _rooted_pair()
     call["target_logits"][0, 2, 0] = float("nan")  # node 2: never entered
-    assert pv.verify_tree(**call, backend="numba:cpu").node_ids[0, 0] == 1
-    with pytest.raises(ValueError, match="target_logits"):  # torch checks every row first
-        pv.verify_tree(**call, backend="torch:cpu")
+    if ON_HOST:
+        assert pv.verify_tree(**call, backend="numba:cpu").node_ids[0, 0] == 1
+        with pytest.raises(ValueError, match="target_logits"):  # torch checks every row first
+            pv.verify_tree(**call, backend="torch:cpu")
     call["target_logits"][0, 1, 3] = float("nan")  # node 1: entered by every walk
     for backend in BACKENDS:
         with pytest.raises(ValueError, match="target_logits contains NaN"):
-            pv.verify_tree(**call, backend=backend)
+            pv.verify_tree(**on_test_device(call), backend=backend)
 
 
 def test_an_entered_draft_row_that_is_not_a_distribution_is_refused() -> None:
@@ -250,7 +258,8 @@ def test_an_entered_draft_row_that_is_not_a_distribution_is_refused() -> None:
     q[0, 0, 3] = float("nan")  # the root's draft row: read by every walk
     for backend in BACKENDS:
         with pytest.raises(ValueError, match="draft_probs"):
-            pv.verify_tree(**call, draft_probs=q, children="iid", backend=backend)
+            pv.verify_tree(**on_test_device({**call, "draft_probs": q}), children="iid",
+                           backend=backend)
 
 
 def test_numba_answers_do_not_depend_on_the_thread_count(monkeypatch: pytest.MonkeyPatch

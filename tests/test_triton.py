@@ -13,12 +13,13 @@ import zlib
 
 import pytest
 import torch
+from helpers import TEST_DEVICE
 
 import portable_verify as pv
 from portable_verify.testing.cases.random_cases import INPUT_FORMS, CaseSpec, build_case
 
 triton = pytest.importorskip("triton")
-DEVICE = os.environ.get("PORTABLE_VERIFY_TEST_DEVICE", "cpu")  # gpu-check sets "cuda"
+DEVICE = TEST_DEVICE  # gpu-check sets "cuda"
 BACKEND = "triton:interpreter" if DEVICE == "cpu" else f"triton:{DEVICE}"
 
 

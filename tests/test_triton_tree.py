@@ -8,17 +8,16 @@ The kernel runs in Triton's interpreter on CPU tensors (slow: sizes stay small);
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
+from helpers import TEST_DEVICE
 
 import portable_verify as pv
 from portable_verify.testing.cases.tree_cases import random_parents
 
 triton = pytest.importorskip("triton")
-DEVICE = os.environ.get("PORTABLE_VERIFY_TEST_DEVICE", "cpu")
+DEVICE = TEST_DEVICE
 BACKEND = "triton:interpreter" if DEVICE == "cpu" else f"triton:{DEVICE}"
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -4,7 +4,9 @@ Each :class:`BadCase` is a valid call (:func:`valid_call`) with one thing broken
 whose name the error message must contain, and the documented exception type (``ValueError`` for
 bad values or shapes, ``TypeError`` for bad dtypes or types; docs/semantics.md, Validation).
 :data:`ACCEPTED` lists borderline inputs the contract allows, so validation cannot pass the bad
-cases simply by refusing everything.
+cases simply by refusing everything. Every builder takes the ``device`` of the backend under
+test (``dispatch.torch_device``); values are drawn on the CPU and moved, so every device sees the
+same numbers.
 """
 
 from __future__ import annotations
@@ -16,15 +18,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from portable_verify.testing.cases.random_cases import on_device
+
 B, K, V = 3, 2, 5
 Call = dict[str, Any]
 
 
-def valid_call() -> Call:
-    """A small valid call using every optional input (fixed numbers, CPU tensors)."""
+def valid_call(device: torch.device | str = "cpu") -> Call:
+    """A small valid call using every optional input (fixed numbers, on ``device``)."""
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(B, K + 1, V, generator=g)
-    return {
+    return on_device({
         "draft_token_ids": torch.tensor([[1, 2], [0, 4], [3, 3]]),
         "target_logits": logits,
         "draft_probs": torch.softmax(torch.randn(B, K, V, generator=g), -1),
@@ -32,22 +36,32 @@ def valid_call() -> Call:
         "temperature": torch.tensor([1.0, 0.0, 0.7]),
         "seed": torch.tensor([11, 12, 13]),
         "seed_offset": torch.tensor([0, 1, 2]),
-    }
+    }, device)
 
 
-def probs_call() -> Call:
+def probs_call(device: torch.device | str = "cpu") -> Call:
     """:func:`valid_call` with probabilities as the target (temperature must then be 0/1)."""
-    call = valid_call()
+    call = valid_call(device)
     call["target_probs"] = torch.softmax(call.pop("target_logits"), -1)
     call["temperature"] = None
     return call
 
 
-def _with(base: Callable[[], Call], **changes: Any) -> Callable[[], Call]:
-    def build() -> Call:
-        call = base()
+Builder = Callable[..., Call]
+"""``build(device="cpu") -> Call``."""
+
+
+def _with(base: Builder, **changes: Any) -> Builder:
+    """``base`` with ``changes``: a value, or a function of the call (its tensors are then on the
+    call's device already); a tensor value is moved to the call's device."""
+
+    def build(device: torch.device | str = "cpu") -> Call:
+        call = base(device)
         for key, value in changes.items():
-            value = value(call) if callable(value) else value
+            if callable(value):
+                value = value(call)
+            elif isinstance(value, torch.Tensor):
+                value = value.to(device)
             if value is _DROP:
                 call.pop(key, None)
             else:
@@ -59,6 +73,15 @@ def _with(base: Callable[[], Call], **changes: Any) -> Callable[[], Call]:
 
 _DROP = object()
 """Marker: remove this argument from the call."""
+
+
+def _elsewhere(name: str) -> Callable[[Call], torch.Tensor]:
+    """Argument ``name`` moved to another device than the call's (meta; cpu for a meta call)."""
+    return lambda call: call[name].to(_other(call[name].device))
+
+
+def _other(device: torch.device) -> str:
+    return "cpu" if device.type == "meta" else "meta"
 
 
 def _set(name: str, index: tuple[int, ...], value: float) -> Callable[[Call], torch.Tensor]:
@@ -75,7 +98,7 @@ def _set(name: str, index: tuple[int, ...], value: float) -> Callable[[Call], to
 @dataclass(frozen=True)
 class BadCase:
     label: str
-    build: Callable[[], Call]
+    build: Builder
     argument: str  # must appear in the message
     error: type[Exception]
 
@@ -161,7 +184,7 @@ BAD_CASES: tuple[BadCase, ...] = (
             "target_logits", ValueError),
     BadCase("logits row all -inf",
             _with(_logits, target_logits=lambda c: c["target_logits"].index_fill(1, torch.tensor(
-                [0]), -_inf)), "target_logits", ValueError),
+                [0], device=c["target_logits"].device), -_inf)), "target_logits", ValueError),
     BadCase("temperature < 0 (scalar)", _with(_logits, temperature=-0.5), "temperature",
             ValueError),
     BadCase("temperature NaN (scalar)", _with(_logits, temperature=_nan), "temperature",
@@ -187,20 +210,20 @@ BAD_CASES: tuple[BadCase, ...] = (
     BadCase("bad method", _with(_logits, method="beam"), "method", ValueError),
     BadCase("unknown backend", _with(_logits, backend="no-such-backend"), "backend", ValueError),
     # devices (the meta device stands in for a second device on a CPU-only machine)
-    BadCase("logits on another device", _with(_logits, target_logits=lambda c: c[
-        "target_logits"].to("meta")), "target_logits", ValueError),
-    BadCase("draft_probs on another device", _with(_logits, draft_probs=lambda c: c[
-        "draft_probs"].to("meta")), "draft_probs", ValueError),
-    BadCase("counts on another device", _with(_logits, num_draft_tokens=lambda c: c[
-        "num_draft_tokens"].to("meta")), "num_draft_tokens", ValueError),
-    BadCase("temperature on another device", _with(_logits, temperature=lambda c: c[
-        "temperature"].to("meta")), "temperature", ValueError),
-    BadCase("seed on another device", _with(_logits, seed=lambda c: c["seed"].to("meta")),
-            "seed", ValueError),
-    BadCase("seed_offset on another device", _with(_logits, seed_offset=lambda c: c[
-        "seed_offset"].to("meta")), "seed_offset", ValueError),
-    BadCase("uniforms on another device", _with(_logits, uniforms=torch.full(
-        (B, K + 1), 0.5, device="meta")), "uniforms", ValueError),
+    BadCase("logits on another device", _with(_logits, target_logits=_elsewhere(
+        "target_logits")), "target_logits", ValueError),
+    BadCase("draft_probs on another device", _with(_logits, draft_probs=_elsewhere(
+        "draft_probs")), "draft_probs", ValueError),
+    BadCase("counts on another device", _with(_logits, num_draft_tokens=_elsewhere(
+        "num_draft_tokens")), "num_draft_tokens", ValueError),
+    BadCase("temperature on another device", _with(_logits, temperature=_elsewhere(
+        "temperature")), "temperature", ValueError),
+    BadCase("seed on another device", _with(_logits, seed=_elsewhere("seed")), "seed",
+            ValueError),
+    BadCase("seed_offset on another device", _with(_logits, seed_offset=_elsewhere(
+        "seed_offset")), "seed_offset", ValueError),
+    BadCase("uniforms on another device", _with(_logits, uniforms=lambda c: torch.full(
+        (B, K + 1), 0.5, device=_other(c["target_logits"].device))), "uniforms", ValueError),
 )
 
 
@@ -225,7 +248,7 @@ FULL_ONLY_CASES: tuple[BadCase, ...] = (
 ``validate="full"`` must refuse them."""
 
 
-ACCEPTED: tuple[tuple[str, Callable[[], Call]], ...] = (
+ACCEPTED: tuple[tuple[str, Builder], ...] = (
     ("valid logits call", valid_call),
     ("valid probs call", probs_call),
     ("-1 padding beyond num_draft_tokens",
@@ -242,7 +265,8 @@ ACCEPTED: tuple[tuple[str, Callable[[], Call]], ...] = (
     ("numpy scalar temperature", _with(_logits, temperature=np.float32(0.7))),
     ("uniforms exactly 1", _with(_logits, uniforms=torch.ones(B, K + 1))),
     ("bfloat16 logits", _with(_logits, target_logits=lambda c: c["target_logits"].bfloat16())),
-    ("numpy inputs", lambda: {k: v.numpy() if isinstance(v, torch.Tensor) else v
-                              for k, v in valid_call().items()}),
+    ("numpy inputs", lambda device="cpu": {k: v.numpy() if isinstance(v, torch.Tensor) else v
+                                           for k, v in valid_call().items()}),
 )
-"""Borderline inputs the contract allows: each must verify without raising."""
+"""Borderline inputs the contract allows: each must verify without raising (the numpy inputs
+are host arrays on every device: only host backends are handed them)."""

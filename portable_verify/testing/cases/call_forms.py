@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.testing.cases.random_cases import CaseSpec, build_case
+from portable_verify.testing.cases.random_cases import CaseSpec, build_case, on_device
 
 FLOATS = ("float32", "float16", "bfloat16")
 IDS = ("int64", "int32", "int16", "uint8")
@@ -157,7 +157,8 @@ def to_ragged(kwargs: dict[str, Any]) -> dict[str, Any]:
         q = kwargs["draft_probs"]
         out["draft_probs"] = torch.cat(
             [q[i, : n[i]] for i in range(b)] + [q.new_zeros(0, q.shape[-1])])
-    out["num_draft_tokens"] = torch.tensor(n, dtype=torch.int64) if counts is None else counts
+    out["num_draft_tokens"] = (torch.tensor(n, dtype=torch.int64, device=drafts.device)
+                               if counts is None else counts)
     out["max_num_draft_tokens"] = k
     return out
 
@@ -173,8 +174,11 @@ def _restride(x: torch.Tensor, how: str) -> torch.Tensor:
     return x  # "expanded" is made in reference_call (it changes values)
 
 
-def caller_form(case: FuzzCase, kwargs: dict[str, Any]) -> dict[str, Any]:
-    """``kwargs`` in the case's layout: ragged, numpy, id dtype, strides, requires_grad."""
+def caller_form(case: FuzzCase, kwargs: dict[str, Any],
+                device: torch.device | str = "cpu") -> dict[str, Any]:
+    """``kwargs`` in the case's layout: on ``device`` (the backend's; numpy forms stay on the
+    host), ragged, numpy, id dtype, strides, requires_grad."""
+    kwargs = kwargs if case.numpy else on_device(kwargs, device)
     out = to_ragged(kwargs) if case.ragged else dict(kwargs)
     id_dtype = getattr(torch, case.id_dtype)
     for key in ("draft_token_ids", "num_draft_tokens"):

@@ -11,13 +11,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from portable_verify.testing.cases.random_cases import on_device
 
-def dyadic_case(gen: np.random.Generator, b: int, k: int, v: int) -> dict[str, Any]:
+
+def dyadic_case(gen: np.random.Generator, b: int, k: int, v: int,
+                device: torch.device | str = "cpu") -> dict[str, Any]:
     """Probabilities and uniforms on a 1/8 grid: every product and prefix sum is exact.
 
     With such inputs any summation order gives the same float32 numbers, so ``u * q == p`` and
     ``cumsum == v * total`` ties are real and the documented ``<=`` / smallest-index rules
-    decide them; no tolerance applies.
+    decide them; no tolerance applies. Tensors on ``device``.
     """
 
     def grid_rows(shape: tuple[int, ...]) -> np.ndarray:
@@ -27,12 +30,12 @@ def dyadic_case(gen: np.random.Generator, b: int, k: int, v: int) -> dict[str, A
 
     p = grid_rows((b, k + 1))
     q = np.where(gen.random((b, k, 1)) < 0.3, p[:, :k], grid_rows((b, k)))  # q == p: empty
-    return {
+    return on_device({
         "draft_token_ids": torch.from_numpy(gen.integers(0, v, (b, k))),
         "target_probs": torch.from_numpy(p),
         "draft_probs": torch.from_numpy(q) if gen.random() < 0.5 else None,
         "num_draft_tokens": torch.from_numpy(gen.integers(0, k + 1, b)),
         "uniforms": torch.from_numpy((gen.integers(1, 9, (b, k + 1)) / 8).astype(np.float32)),
-    }
+    }, device)
 
 

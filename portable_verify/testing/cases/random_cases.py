@@ -164,6 +164,12 @@ def build_case(
     return kwargs
 
 
+def on_device(kwargs: dict[str, Any], device: torch.device | str) -> dict[str, Any]:
+    """The same call with every tensor on ``device`` (the backend's: ``dispatch.torch_device``);
+    ``on_device(call, "cpu")`` is the host copy the numpy reference is handed."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
+
+
 def as_numpy(kwargs: dict[str, Any]) -> dict[str, Any]:
     """The same call with every tensor as a numpy array (host copies where needed)."""
     return {k: v.cpu().numpy() if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}

@@ -12,6 +12,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from portable_verify.testing.cases.random_cases import on_device
+
 MODES = ("deterministic", "iid", "without_replacement")
 
 
@@ -28,8 +30,10 @@ def chain_parents(b: int, n: int) -> np.ndarray:
 
 
 def random_tree_call(rng: np.random.Generator, mode: str, *, logits: bool | None = None,
-                     greedy_rows: bool = True) -> dict[str, Any]:
-    """``verify_tree`` keyword arguments of one random call (explicit uniforms)."""
+                     greedy_rows: bool = True, device: torch.device | str = "cpu"
+                     ) -> dict[str, Any]:
+    """``verify_tree`` keyword arguments of one random call (explicit uniforms), on
+    ``device`` (drawn on the host, so every device gets the same values)."""
     b, n, v = int(rng.integers(1, 6)), int(rng.integers(1, 9)), int(rng.integers(1, 7))
     logits = bool(rng.integers(2)) if logits is None else logits
     parents = random_parents(rng, b, n)
@@ -62,7 +66,7 @@ def random_tree_call(rng: np.random.Generator, mode: str, *, logits: bool | None
         call["max_depth"] = min(int(depth.max()) + int(rng.integers(0, 2)), n - 1)
     call["uniforms"] = torch.tensor(rng.integers(1, 2**24 + 1, size=(b, n)) / 2**24,
                                     dtype=torch.float32)
-    return call
+    return on_device(call, device)
 
 
 def node_depths(parents: np.ndarray) -> np.ndarray:

@@ -8,6 +8,7 @@ inputs every emitted id stays in ``[0, V)`` and the output shapes hold (docs/sem
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -15,6 +16,7 @@ import torch
 
 import portable_verify as pv
 from portable_verify.core import methods
+from portable_verify.dispatch import torch_device
 from portable_verify.testing.cases.bad_inputs import (
     ACCEPTED,
     BAD_CASES,
@@ -59,29 +61,32 @@ def raises(backend: str, quick: bool) -> CheckResult:
     """Every documented bad input raises ValueError/TypeError naming the argument."""
     failures = []
     block = "block" in methods_of(backend)
+    device = torch_device(backend)
     for case in BAD_CASES:
-        problem = expect_error(case.build(), backend, case.argument, case.error)
+        problem = expect_error(case.build(device), backend, case.argument, case.error)
         if problem:
             failures.append(f"{case.label}: {problem}")
-        call = case.build()
+        call = case.build(device)
         if block and "method" not in call:  # block calls are checked at the front door too
             problem = expect_error({**call, "method": "block"}, backend, case.argument,
                                    case.error)
             if problem:
                 failures.append(f"{case.label} (block): {problem}")
     for case in FULL_ONLY_CASES:  # values the default level does not read
-        problem = expect_error({**case.build(), "validate": "full"}, backend, case.argument,
+        problem = expect_error({**case.build(device), "validate": "full"}, backend, case.argument,
                                case.error)
         if problem:
             failures.append(f"{case.label} (validate='full'): {problem}")
-    for label, build in ACCEPTED:
+    accepted = [(label, build) for label, build in ACCEPTED  # numpy arrays: host backends
+                if device.type == "cpu" or "numpy inputs" not in label]
+    for label, build in accepted:
         try:
-            pv.verify(**{"backend": backend, **build()})
+            pv.verify(**{"backend": backend, **build(device)})
         except Exception as exc:
             failures.append(f"{label}: allowed input raised {type(exc).__name__}: {exc}")
-    detail = summarize(failures) or f"{len(BAD_CASES)} bad inputs refused, {len(ACCEPTED)} allowed"
+    detail = summarize(failures) or f"{len(BAD_CASES)} bad inputs refused, {len(accepted)} allowed"
     return CheckResult("bad_input.raises", not failures, detail,
-                       {"bad_cases": len(BAD_CASES), "allowed_cases": len(ACCEPTED)})
+                       {"bad_cases": len(BAD_CASES), "allowed_cases": len(accepted)})
 
 
 def _snapshot(call: dict[str, Any]) -> dict[str, Any]:
@@ -99,15 +104,18 @@ def _unchanged(before: dict[str, Any], after: dict[str, Any]) -> list[str]:
 def no_mutation(backend: str, quick: bool) -> CheckResult:
     """Inputs are never written, whether the call succeeds, raises, or skips validation."""
     failures = []
-    calls: list[tuple[str, dict[str, Any]]] = [
-        (f"{method} {name}", {**build(), "method": method})
+    device = torch_device(backend)
+    calls: list[tuple[str, Callable[[], dict[str, Any]]]] = [  # each built when it is run
+        (f"{method} {name}", lambda b=build, m=method: {**b(device), "method": m})
         for method in methods_of(backend)
         for name, build in (("logits", valid_call), ("probs", probs_call))
     ]
-    calls += [(f"bad: {c.label}", c.build()) for c in BAD_CASES if "device" not in c.label]
-    calls += [(f"unvalidated: {label}", {**call, "validate": False})
-              for label, call in _garbage_calls(methods_of(backend))]
-    for label, call in calls:
+    calls += [(f"bad: {c.label}", lambda c=c: c.build(device))
+              for c in BAD_CASES if "device" not in c.label]
+    calls += [(f"unvalidated: {label}", lambda call=call: {**call, "validate": False})
+              for label, call in _garbage_calls(methods_of(backend), device)]
+    for label, build in calls:
+        call = build()
         before = _snapshot(call)
         with contextlib.suppress(ValueError, TypeError):  # raising is fine; writing is not
             pv.verify(**{"backend": backend, **call})
@@ -118,7 +126,8 @@ def no_mutation(backend: str, quick: bool) -> CheckResult:
     return CheckResult("bad_input.no_mutation", not failures, detail, {"calls": len(calls)})
 
 
-def _garbage_calls(methods: tuple[str, ...] = METHODS) -> list[tuple[str, dict[str, Any]]]:
+def _garbage_calls(methods: tuple[str, ...] = METHODS, device: torch.device | str = "cpu"
+                   ) -> list[tuple[str, dict[str, Any]]]:
     """NaN/inf/negative inputs the contract says an unvalidated call must survive."""
     nan, inf = float("nan"), float("inf")
     out: list[tuple[str, dict[str, Any]]] = []
@@ -131,7 +140,7 @@ def _garbage_calls(methods: tuple[str, ...] = METHODS) -> list[tuple[str, dict[s
             ("inf probs entry", "target_probs", inf),
             ("negative probs", "target_probs", -0.5),
         ):
-            call = valid_call() if target_key == "target_logits" else probs_call()
+            call = (valid_call if target_key == "target_logits" else probs_call)(device)
             t = call[target_key].clone()
             t[0, 0] = fill  # a whole row, read by every method
             t[1, 1, 2] = fill  # one entry
@@ -146,7 +155,8 @@ def _garbage_calls(methods: tuple[str, ...] = METHODS) -> list[tuple[str, dict[s
 def unvalidated(backend: str, quick: bool) -> CheckResult:
     """validate=False: no checks run, and NaN/inf inputs still give in-range ids and shapes."""
     failures = []
-    garbage = _garbage_calls(methods_of(backend))
+    device = torch_device(backend)
+    garbage = _garbage_calls(methods_of(backend), device)
     for label, call in garbage:
         with np.errstate(all="ignore"):  # the numpy reference meets the NaNs head-on
             res = pv.verify(**call, validate=False, backend=backend)
@@ -157,8 +167,8 @@ def unvalidated(backend: str, quick: bool) -> CheckResult:
     # No checks at all: inputs that validation refuses are not refused.
     for label, call in (
         ("probs summing to 0.9",
-         {**probs_call(), "target_probs": probs_call()["target_probs"] * 0.9}),
-        ("temperature 0.5 with probs", {**probs_call(), "temperature": 0.5}),
+         {**probs_call(device), "target_probs": probs_call(device)["target_probs"] * 0.9}),
+        ("temperature 0.5 with probs", {**probs_call(device), "temperature": 0.5}),
     ):
         try:
             res = pv.verify(**call, validate=False, backend=backend)

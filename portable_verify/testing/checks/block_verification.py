@@ -23,8 +23,14 @@ import torch
 
 import portable_verify as pv
 from portable_verify.core.arguments import SEED_RANGE
+from portable_verify.dispatch import torch_device
 from portable_verify.testing.cases.dyadic_cases import dyadic_case
-from portable_verify.testing.cases.random_cases import CaseSpec, build_case, random_specs
+from portable_verify.testing.cases.random_cases import (
+    CaseSpec,
+    build_case,
+    on_device,
+    random_specs,
+)
 from portable_verify.testing.checks.reference_comparison import Tally, compare, host
 from portable_verify.testing.kit import CheckResult, check
 from portable_verify.testing.stats.exact_laws import EXACT, EXACT_BLOCK, Rule, block_outcomes
@@ -47,14 +53,16 @@ def block_exact(backend: str, quick: bool) -> CheckResult:
         return skipped
     tally = Tally()
     gen = np.random.default_rng(CASE_SEED)
+    device = torch_device(backend)
     for spec in random_specs(gen, 60 if quick else 400):
-        kwargs = build_case(spec)
+        kwargs = build_case(spec, device=device)
         got = compare(tally, backend, spec.label, kwargs, "block")
         temperature = kwargs.get("temperature")
         if isinstance(temperature, torch.Tensor) and (temperature == 0).any() and spec.batch:
             _greedy_rows_alone(tally, backend, spec, kwargs, got)
     for i in range(20 if quick else 150):
-        kwargs = dyadic_case(gen, b=8, k=int(gen.integers(0, 4)), v=int(gen.integers(1, 7)))
+        kwargs = dyadic_case(gen, b=8, k=int(gen.integers(0, 4)), v=int(gen.integers(1, 7)),
+                             device=device)
         compare(tally, backend, f"dyadic#{i}", kwargs, "block")
     return tally.result("exact.block")
 
@@ -66,7 +74,7 @@ def _greedy_rows_alone(tally: Tally, backend: str, spec: CaseSpec, kwargs: dict,
     sub = {key: val[idx] if isinstance(val, torch.Tensor) else val
            for key, val in kwargs.items() if key not in ("temperature", "uniforms")}
     alone = pv.verify(**sub, method="greedy", backend=backend)
-    if not np.array_equal(host(mixed.token_ids)[idx.numpy()], host(alone.token_ids)):
+    if not np.array_equal(host(mixed.token_ids)[host(idx)], host(alone.token_ids)):
         tally.failures.append(f"{spec.label} block: greedy rows differ from method='greedy'")
 
 
@@ -133,9 +141,11 @@ def _power(shift: float, z: float) -> float:
 
 def _accepted(backend: str, method: str, drafts: np.ndarray, p: np.ndarray, q: np.ndarray,
               seeds: np.ndarray) -> np.ndarray:
-    result = pv.verify(torch.from_numpy(drafts), target_probs=torch.from_numpy(p).float(),
-                       draft_probs=torch.from_numpy(q).float(), seed=torch.from_numpy(seeds),
-                       method=method, backend=backend)
+    call = on_device({"draft_token_ids": torch.from_numpy(drafts),
+                      "target_probs": torch.from_numpy(p).float(),
+                      "draft_probs": torch.from_numpy(q).float(),
+                      "seed": torch.from_numpy(seeds)}, torch_device(backend))
+    result = pv.verify(**call, method=method, backend=backend)
     return host(result.num_accepted).astype(np.float64)
 
 

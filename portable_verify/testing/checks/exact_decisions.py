@@ -15,11 +15,13 @@ import numpy as np
 import torch
 
 import portable_verify as pv
+from portable_verify.dispatch import torch_device
 from portable_verify.testing.cases.dyadic_cases import dyadic_case
 from portable_verify.testing.cases.random_cases import (
     CaseSpec,
     as_numpy,
     build_case,
+    on_device,
     random_specs,
 )
 from portable_verify.testing.checks.near_boundary import near_boundary_rows
@@ -45,8 +47,9 @@ def _specs(quick: bool, salt: int) -> list[CaseSpec]:
 def greedy_exact(backend: str, quick: bool) -> CheckResult:
     """Greedy tokens equal the reference exactly (ties: lowest index), logits or probs."""
     tally = Tally()
+    device = torch_device(backend)
     for spec in _specs(quick, 1):
-        kwargs = build_case(spec)
+        kwargs = build_case(spec, device=device)
         compare(tally, backend, spec.label, kwargs, "greedy", tolerate=False)
         kwargs["temperature"] = 0.0  # temperature 0 under any method is greedy too
         kwargs.pop("draft_probs", None)
@@ -58,10 +61,12 @@ def greedy_exact(backend: str, quick: bool) -> CheckResult:
 def rejection_exact(backend: str, quick: bool) -> CheckResult:
     """Rejection sampling with explicit uniforms equals the reference (near-ties counted)."""
     tally = Tally()
+    device = torch_device(backend)
     for i, spec in enumerate(_specs(quick, 2)):
-        kwargs = build_case(spec)
+        kwargs = build_case(spec, device=device)
         got = compare(tally, backend, spec.label, kwargs, "rejection")
-        if i % 4 == 0:  # numpy arrays in: numpy arrays out, the same tokens
+        # numpy arrays in: numpy arrays out, the same tokens (host backends: numpy is host data)
+        if i % 4 == 0 and device.type == "cpu":
             arrays = as_numpy(kwargs)
             again = pv.verify(**arrays, method="rejection", backend=backend)
             if not isinstance(again.token_ids, np.ndarray):
@@ -75,8 +80,9 @@ def rejection_exact(backend: str, quick: bool) -> CheckResult:
 def typical_exact(backend: str, quick: bool) -> CheckResult:
     """Typical acceptance with explicit uniforms equals the reference (near-ties counted)."""
     tally = Tally()
+    device = torch_device(backend)
     for spec in _specs(quick, 3):
-        kwargs = build_case(spec)
+        kwargs = build_case(spec, device=device)
         kwargs.pop("draft_probs", None)  # typical acceptance never reads draft probabilities
         compare(tally, backend, spec.label, kwargs, "typical")
     return tally.result("exact.typical", tolerance_rtol=1e-5)
@@ -104,8 +110,8 @@ def large_vocab_draws(backend: str, quick: bool) -> CheckResult:
         rows = torch.arange(b // 2)
         for j in range(k):
             q[rows, j] = probs[rows, j]
-        kwargs = {"draft_token_ids": drafts, "target_probs": probs, "draft_probs": q,
-                  "uniforms": u}
+        kwargs = on_device({"draft_token_ids": drafts, "target_probs": probs, "draft_probs": q,
+                            "uniforms": u}, torch_device(backend))
         compare(tally, backend, f"V={v}", kwargs, "rejection")
     return tally.result("exact.large_vocab_draws", tolerance_rtol=1e-5)
 
@@ -115,25 +121,26 @@ def mixed_greedy_rows(backend: str, quick: bool) -> CheckResult:
     """In a batch mixing temperature-0 and sampled rows, greedy rows equal a greedy-only call."""
     tally = Tally()
     gen = np.random.default_rng(CASE_SEED + 4)
+    device = torch_device(backend)
     for i in range(10 if quick else 60):
         spec = CaseSpec(batch=int(gen.integers(2, 7)), positions=int(gen.integers(0, 4)),
                         vocab=int(gen.integers(1, 10)), seed=i, temperature="vector",
                         target="logits" if i % 2 else "probs", ties=i % 3 == 0,
                         draft_probs=i % 4 < 2, ragged=i % 5 < 3)
-        kwargs = build_case(spec)
-        greedy = host(kwargs["temperature"]) == 0
+        kwargs = build_case(spec, device=device)
         for method in ("rejection", "typical"):
             mixed = compare(tally, backend, spec.label, kwargs, method)
+            greedy = host(kwargs["temperature"]) == 0
             if not greedy.any() or tally.failures:
                 continue
-            idx = torch.from_numpy(np.flatnonzero(greedy))
+            idx = torch.from_numpy(np.flatnonzero(greedy)).to(device)
             sub = {
                 key: val[idx] if isinstance(val, torch.Tensor) else val
                 for key, val in kwargs.items() if key not in ("temperature", "uniforms")
             }
             alone = pv.verify(**sub, method="greedy", backend=backend)
-            if not torch.equal(torch.as_tensor(host(mixed.token_ids))[idx],
-                               torch.as_tensor(host(alone.token_ids))):
+            if not np.array_equal(host(mixed.token_ids)[np.flatnonzero(greedy)],
+                                  host(alone.token_ids)):
                 tally.failures.append(f"{spec.label} {method}: greedy rows differ from greedy-only")
     return tally.result("exact.mixed_greedy_rows")
 
@@ -144,7 +151,8 @@ def exact_boundaries(backend: str, quick: bool) -> CheckResult:
     tally = Tally()
     gen = np.random.default_rng(CASE_SEED + 5)
     for i in range(20 if quick else 150):
-        kwargs = dyadic_case(gen, b=8, k=int(gen.integers(0, 4)), v=int(gen.integers(1, 7)))
+        kwargs = dyadic_case(gen, b=8, k=int(gen.integers(0, 4)), v=int(gen.integers(1, 7)),
+                             device=torch_device(backend))
         compare(tally, backend, f"dyadic#{i}", kwargs, "rejection", tolerate=False)
     return tally.result("exact.boundaries")
 
@@ -156,11 +164,12 @@ def dtypes(backend: str, quick: bool) -> CheckResult:
     failures = tally.failures
     for spec in _specs(quick, 6)[: 15 if quick else 120]:
         for dtype in (torch.float16, torch.bfloat16):
-            low = build_case(spec, dtype=dtype)
-            up = {key: val.float() if isinstance(val, torch.Tensor) and val.is_floating_point()
-                  and key != "uniforms" else val for key, val in low.items()}
+            low = build_case(spec, device=torch_device(backend), dtype=dtype)
             label = f"{spec.label}/{str(dtype)[6:]}"
             got = pv.verify(**low, method="greedy", backend=backend)
+            same = pv.verify(**low, method="rejection", backend=backend)
+            up = {key: val.float() if isinstance(val, torch.Tensor) and val.is_floating_point()
+                  and key != "uniforms" else val for key, val in on_device(low, "cpu").items()}
             # The half call was validated; upcast half rows may miss the float32 sum tolerance.
             want = pv.verify(**up, method="greedy", backend=REFERENCE, validate=False)
             tally.cases += 1
@@ -168,7 +177,6 @@ def dtypes(backend: str, quick: bool) -> CheckResult:
             if not np.array_equal(host(got.token_ids), host(want.token_ids)):
                 failures.append(f"{label} greedy differs from the upcast reference")
             # Sampled rows: the backend on half inputs == the reference on upcast inputs.
-            same = pv.verify(**low, method="rejection", backend=backend)
             ref = pv.verify(**up, method="rejection", backend=REFERENCE, validate=False)
             bad = (host(same.token_ids) != host(ref.token_ids)).any(1)
             near = near_boundary_rows(up, "rejection")

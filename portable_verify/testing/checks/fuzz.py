@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 import portable_verify as pv
+from portable_verify.dispatch import torch_device
 from portable_verify.testing.cases.call_forms import (
     BROKEN,
     EXTREMES,
@@ -101,6 +102,7 @@ def _strategy(backend: str, garbage: bool) -> Any:
     from hypothesis import strategies as st
 
     small = _slow(backend)
+    host_inputs = torch_device(backend).type == "cpu"  # numpy arrays live there
     spec = st.builds(
         CaseSpec,
         batch=st.integers(0, 3 if small else 5),
@@ -120,7 +122,7 @@ def _strategy(backend: str, garbage: bool) -> Any:
         method=st.sampled_from(["auto", "greedy", "rejection", "typical",
                                 *(["block"] if _has_block(backend) else [])]),
         ragged=st.booleans(),
-        numpy=st.booleans(),
+        numpy=st.booleans() if host_inputs else st.just(False),
         float_dtype=st.sampled_from(FLOATS),
         id_dtype=st.sampled_from(IDS),
         stride=st.sampled_from(STRIDES),
@@ -159,7 +161,7 @@ def _snapshot(kwargs: dict[str, Any]) -> dict[str, bytes]:
     for key, val in kwargs.items():
         if isinstance(val, torch.Tensor):
             dense = torch.empty_like(val, memory_format=torch.contiguous_format)
-            out[key] = dense.copy_(val.detach()).view(torch.uint8).numpy().tobytes() \
+            out[key] = dense.copy_(val.detach()).view(torch.uint8).cpu().numpy().tobytes() \
                 if val.numel() else b""
         elif isinstance(val, np.ndarray):
             out[key] = np.ascontiguousarray(val).tobytes()
@@ -219,7 +221,7 @@ def check_validated_call(backend: str, case: FuzzCase) -> list[str]:
         want = pv.verify(**ref_kwargs, method=case.method, backend=REFERENCE)
     except Exception as exc:  # any exception is a verdict here
         want = exc
-    call = caller_form(case, ref_kwargs)
+    call = caller_form(case, ref_kwargs, torch_device(backend))
     before = _snapshot(call)
     fn = pv.verify_ragged if case.ragged else pv.verify
     try:
@@ -282,20 +284,20 @@ def fuzz_properties(backend: str, quick: bool) -> CheckResult:
 # --- garbage under validate=False, in a child process --------------------------------------
 
 
-def _probes() -> list[tuple[str, dict[str, Any]]]:
+def _probes(device: torch.device) -> list[tuple[str, dict[str, Any]]]:
     """Fixed valid calls whose answers must not change after any garbage call."""
     out = []
     for i, spec in enumerate([CaseSpec(2, 2, 5, 11, draft_probs=True, ragged=True),
                               CaseSpec(2, 3, 6, 12, target="probs", temperature="vector"),
                               CaseSpec(1, 1, 4, 13, ties=True)]):
         method = ("auto", "typical", "greedy")[i]
-        out.append((method, build_case(spec)))
+        out.append((method, build_case(spec, device=device)))
     return out
 
 
 def _probe_answers(backend: str) -> list[list[list[int]]]:
     return [host(pv.verify(**kw, method=m, backend=backend).token_ids).tolist()
-            for m, kw in _probes()]
+            for m, kw in _probes(torch_device(backend))]
 
 
 def garbage_child(backend: str, quick: bool) -> dict[str, Any]:
@@ -303,10 +305,12 @@ def garbage_child(backend: str, quick: bool) -> dict[str, Any]:
     baseline = _probe_answers(backend)
     failures: list[str] = []
     count = [0]
+    device = torch_device(backend)
 
     def body(case: FuzzCase) -> None:
         kwargs = caller_form(replace(case, requires_grad=False),
-                             garbage_call(case, reference_call(replace(case, broken="none"))))
+                             garbage_call(case, reference_call(replace(case, broken="none"))),
+                             device)
         fn = pv.verify_ragged if case.ragged else pv.verify
         target_name = "target_logits" if "target_logits" in kwargs else "target_probs"
         k = kwargs["draft_token_ids"].shape[1] if not case.ragged else kwargs.get(
@@ -418,17 +422,19 @@ def ragged_probes() -> list[tuple[RaggedExtreme, str, bool | str]]:
             if level is not False or (form == "torch" and case.unvalidated)]
 
 
-def _ragged_call(case: RaggedExtreme, form: str) -> dict[str, Any]:
+def _ragged_call(case: RaggedExtreme, form: str, device: torch.device | str = "cpu"
+                 ) -> dict[str, Any]:
+    """The probe's call; torch forms on ``device`` (the backend's), numpy on the host."""
     as_array: Any = {
-        "torch": lambda x: torch.tensor(x, dtype=torch.int64),
-        "torch_int32": lambda x: torch.tensor(x, dtype=torch.int32),
+        "torch": lambda x: torch.tensor(x, dtype=torch.int64, device=device),
+        "torch_int32": lambda x: torch.tensor(x, dtype=torch.int32, device=device),
         "numpy": lambda x: np.array(x, dtype=np.int64),
     }[form]
     g = torch.Generator().manual_seed(len(case.name))
     logits = torch.randn(case.target_rows, 8, generator=g)
     kwargs: dict[str, Any] = {
         "draft_token_ids": as_array([1 + i % 7 for i in range(case.num_drafts)]),
-        "target_logits": logits.numpy() if form == "numpy" else logits,
+        "target_logits": logits.numpy() if form == "numpy" else logits.to(device),
         "seed": 1,
     }
     layout_name = _CU if case.argument == _CU else _COUNTS
@@ -440,7 +446,7 @@ def _ragged_call(case: RaggedExtreme, form: str) -> dict[str, Any]:
 
 def _ragged_outcome(case: RaggedExtreme, level: bool | str, backend: str, form: str) -> str:
     """``""`` when the probe behaved, else what went wrong."""
-    call = _ragged_call(case, form)
+    call = _ragged_call(case, form, torch_device(backend))
     try:
         signal.alarm(RAGGED_PROBE_BUDGET_S)
         try:

@@ -25,10 +25,12 @@ from itertools import cycle
 from typing import Any
 
 import numpy as np
+import torch
 
 import portable_verify as pv
+from portable_verify.dispatch import torch_device
 from portable_verify.testing.cases.call_forms import to_ragged
-from portable_verify.testing.cases.random_cases import CaseSpec, build_case
+from portable_verify.testing.cases.random_cases import CaseSpec, build_case, on_device
 from portable_verify.testing.checks.memory_soak import rss_bytes
 from portable_verify.testing.checks.reference_comparison import host
 from portable_verify.testing.isolation import run_isolated
@@ -55,8 +57,9 @@ def long_run_calls(quick: bool) -> int:
     return PYTEST_CALLS if "PYTEST_CURRENT_TEST" in os.environ else DEFAULT_CALLS
 
 
-def workload() -> list[tuple[str, dict[str, Any], str]]:
-    """(label, call, method): 4 inputs x greedy/auto/typical, each input's methods in a row."""
+def workload(device: torch.device | str = "cpu") -> list[tuple[str, dict[str, Any], str]]:
+    """(label, call, method): 4 inputs x greedy/auto/typical, each input's methods in a row, on
+    ``device``."""
     inputs = [
         ("padded/logits", CaseSpec(4, 3, 64, 31, temperature="vector", ragged=True)),
         ("padded/probs+q", CaseSpec(4, 3, 64, 32, target="probs", draft_probs=True)),
@@ -66,11 +69,12 @@ def workload() -> list[tuple[str, dict[str, Any], str]]:
     ]
     work = []
     for label, spec in inputs:
-        kwargs = build_case(spec)
+        kwargs = build_case(spec)  # cut to the ragged layout on the host, then moved once
         kwargs.pop("uniforms")  # seeded: the per-call seed_offset advances the streams
         kwargs["seed"] = 1234
         if label.startswith("ragged"):
             kwargs = to_ragged(kwargs)
+        kwargs = on_device(kwargs, device)
         for method in ("greedy", "auto", "typical"):
             work.append((label, kwargs, method))
     return work
@@ -94,7 +98,7 @@ def long_run_child(backend: str, calls: int, leak_bytes_per_call: int = 0,
     import torch
 
     torch.set_num_threads(threads)
-    work = workload()
+    work = workload(torch_device(backend))
     probe = _probe(backend, work)
     kept: list[bytearray] = []
     items = cycle(work)

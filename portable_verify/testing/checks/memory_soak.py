@@ -32,8 +32,9 @@ import torch
 import portable_verify as pv
 from portable_verify.core import rng
 from portable_verify.core.arguments import SEED_RANGE
+from portable_verify.dispatch import torch_device
 from portable_verify.testing.cases.random_cases import build_case, random_specs
-from portable_verify.testing.checks.reference_comparison import Tally, compare
+from portable_verify.testing.checks.reference_comparison import Tally, compare, host
 from portable_verify.testing.kit import CheckResult, check
 
 CALLS_ENV = "PORTABLE_VERIFY_SOAK_CALLS"
@@ -71,15 +72,16 @@ def soak_calls(quick: bool) -> int:
     return PYTEST_CALLS if "PYTEST_CURRENT_TEST" in os.environ else DEFAULT_CALLS
 
 
-def _workload(seed: int = 77) -> list[tuple[str, dict[str, Any], str]]:
-    """Mixed small calls (label, kwargs without uniforms, method) to cycle through."""
+def _workload(seed: int = 77, device: torch.device | str = "cpu"
+              ) -> list[tuple[str, dict[str, Any], str]]:
+    """Mixed small calls (label, kwargs without uniforms, method) on ``device``."""
     gen = np.random.default_rng(seed)
     work = []
     specs = random_specs(gen, 24, max_batch=8, max_positions=4, max_vocab=32)
     for i, spec in enumerate(s for s in specs if s.batch > 0):
-        kwargs = build_case(replace(spec, uniforms=False))
+        kwargs = build_case(replace(spec, uniforms=False), device=device)
         b = spec.batch
-        kwargs["seed"] = torch.from_numpy(gen.integers(0, SEED_RANGE, b))
+        kwargs["seed"] = torch.from_numpy(gen.integers(0, SEED_RANGE, b)).to(device)
         kwargs["validate"] = i % 3 != 0  # hot loops skip validation
         work.append((spec.label, kwargs, METHODS[i % len(METHODS)]))
     return work
@@ -96,8 +98,9 @@ def _spot_check(tally: Tally, work: list[tuple[str, dict[str, Any], str]], backe
                 step: int) -> None:
     label, kwargs, method = work[step % len(work)]
     b, k = kwargs["draft_token_ids"].shape
-    seeds = kwargs["seed"].numpy()
-    u = torch.from_numpy(rng.uniforms_numpy(seeds, np.full(b, step), k + 1))
+    seeds = host(kwargs["seed"])
+    u = torch.from_numpy(rng.uniforms_numpy(seeds, np.full(b, step), k + 1)).to(
+        kwargs["seed"].device)
     call = {key: val for key, val in kwargs.items() if key not in ("seed", "validate")}
     compare(tally, backend, f"{label}@{step}", {**call, "uniforms": u},
             "rejection" if method == "auto" else method)
@@ -105,7 +108,7 @@ def _spot_check(tally: Tally, work: list[tuple[str, dict[str, Any], str]], backe
 
 def soak(backend: str, calls: int) -> CheckResult:
     """Run ``calls`` verification calls on ``backend`` and judge memory growth."""
-    work = _workload()
+    work = _workload(device=torch_device(backend))
     tally = Tally()
     warmup = max(1, min(calls // 10, 2_000))
     window = max(1, min(HEAP_WINDOW, (calls - warmup) // 4))

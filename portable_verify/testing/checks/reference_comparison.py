@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 import portable_verify as pv
+from portable_verify.testing.cases.random_cases import on_device
 from portable_verify.testing.checks.near_boundary import near_boundary_rows
 from portable_verify.testing.kit import CheckResult, summarize
 
@@ -71,9 +72,11 @@ def compare(
     tally: Tally, backend: str, label: str, kwargs: dict[str, Any], method: str,
     tolerate: bool = True,
 ) -> pv.VerifyResult:
-    """Run both implementations on ``kwargs`` and record every disagreement in ``tally``."""
-    want = pv.verify(**kwargs, method=method, backend=REFERENCE)
+    """Run both implementations on ``kwargs`` (on the backend's device; the reference is handed
+    a host copy) and record every disagreement in ``tally``."""
     got = pv.verify(**kwargs, method=method, backend=backend)
+    kwargs = on_device(kwargs, "cpu")
+    want = pv.verify(**kwargs, method=method, backend=REFERENCE)
     b, k = kwargs["draft_token_ids"].shape
     target = kwargs.get("target_logits", kwargs.get("target_probs"))
     tally.cases += 1

@@ -24,7 +24,8 @@ import torch
 import portable_verify as pv
 from portable_verify.core import rng
 from portable_verify.core.arguments import SEED_RANGE
-from portable_verify.testing.cases.random_cases import CaseSpec, build_case
+from portable_verify.dispatch import torch_device
+from portable_verify.testing.cases.random_cases import CaseSpec, build_case, on_device
 from portable_verify.testing.checks.reference_comparison import Tally, compare, host
 from portable_verify.testing.kit import CheckResult, check, summarize
 
@@ -37,11 +38,17 @@ def _tokens(res: pv.VerifyResult) -> np.ndarray:
     return host(res.token_ids)
 
 
+def _verify(backend: str, **call: Any) -> pv.VerifyResult:
+    """``pv.verify`` with the call on the backend's device (its cases are drawn on the host, so
+    index arithmetic on them stays there; the call moves once)."""
+    return pv.verify(**on_device(call, torch_device(backend)), backend=backend)
+
+
 def _flat(backend: str, rows: int, **kw: Any) -> np.ndarray:
     """One draw per row from a uniform target over ``FLAT_VOCAB`` tokens."""
     logits = torch.zeros(rows, 1, FLAT_VOCAB)
     drafts = torch.zeros(rows, 0, dtype=torch.int64)
-    return _tokens(pv.verify(drafts, target_logits=logits, backend=backend, **kw))[:, 0]
+    return _tokens(_verify(backend, draft_token_ids=drafts, target_logits=logits, **kw))[:, 0]
 
 
 def _sampled_case(seed: int) -> dict[str, Any]:
@@ -65,7 +72,7 @@ def repeatable(backend: str, quick: bool) -> CheckResult:
         kwargs = _sampled_case(case_seed)
         b = kwargs["draft_token_ids"].shape[0]
         for seed in (torch.arange(b) + SEED_BASE * case_seed, 12345 + case_seed):
-            runs = [_tokens(pv.verify(**kwargs, seed=seed, seed_offset=3, backend=backend))
+            runs = [_tokens(_verify(backend, **kwargs, seed=seed, seed_offset=3))
                     for _ in range(3)]
             if not all(np.array_equal(runs[0], r) for r in runs[1:]):
                 failures.append(f"case {case_seed}: seed {type(seed).__name__} not repeatable")
@@ -100,7 +107,7 @@ def request_independence(backend: str, quick: bool) -> CheckResult:
         b = kwargs["draft_token_ids"].shape[0]
         seeds = torch.from_numpy(gen.integers(0, SEED_RANGE, b))
         offsets = torch.from_numpy(gen.integers(0, 2**40, b))
-        full = _tokens(pv.verify(**kwargs, seed=seeds, seed_offset=offsets, backend=backend))
+        full = _tokens(_verify(backend, **kwargs, seed=seeds, seed_offset=offsets))
         others = _sampled_case(1000 + case_seed)
         views = {
             "reversed": torch.arange(b).flip(0),
@@ -108,18 +115,18 @@ def request_independence(backend: str, quick: bool) -> CheckResult:
             "shuffled": torch.from_numpy(gen.permutation(b)),
         }
         for label, idx in views.items():
-            part = _tokens(pv.verify(**_take(kwargs, idx), seed=seeds[idx],
-                                     seed_offset=offsets[idx], backend=backend))
+            part = _tokens(_verify(backend, **_take(kwargs, idx), seed=seeds[idx],
+                                   seed_offset=offsets[idx]))
             if not np.array_equal(part, full[idx.numpy()]):
                 failures.append(f"case {case_seed}: tokens change when the batch is {label}")
         merged = {k: torch.cat([v, others[k]]) if isinstance(v, torch.Tensor) else v
                   for k, v in kwargs.items()}
-        grown = _tokens(pv.verify(**merged, seed=torch.cat([seeds, seeds + 1]),
-                                  seed_offset=torch.cat([offsets, offsets]), backend=backend))
+        grown = _tokens(_verify(backend, **merged, seed=torch.cat([seeds, seeds + 1]),
+                                seed_offset=torch.cat([offsets, offsets])))
         if not np.array_equal(grown[:b], full):
             failures.append(f"case {case_seed}: tokens change when requests are added")
         padded = _pad_positions(kwargs, extra=2, gen=gen)
-        wide = _tokens(pv.verify(**padded, seed=seeds, seed_offset=offsets, backend=backend))
+        wide = _tokens(_verify(backend, **padded, seed=seeds, seed_offset=offsets))
         if not np.array_equal(wide[:, : full.shape[1]], full):
             failures.append(f"case {case_seed}: tokens change when K is padded")
     detail = summarize(failures) or f"{trials} batches: per-request streams"
@@ -177,9 +184,9 @@ def streams_differ(backend: str, quick: bool) -> CheckResult:
     probs[:, 0] = 0.5
     probs[:, 1, 0] = 1.0
     drafts = torch.zeros(64, 1, dtype=torch.int64)
-    res = pv.verify(drafts, target_probs=probs, seed=torch.full((64,), 9), seed_offset=rows,
-                    backend=backend)
-    accepted = int(torch.as_tensor(res.num_accepted).sum())
+    res = _verify(backend, draft_token_ids=drafts, target_probs=probs,
+                  seed=torch.full((64,), 9), seed_offset=rows)
+    accepted = int(host(res.num_accepted).sum())
     stats["accepted of 64 at p=1/2"] = accepted
     if not 12 <= accepted <= 52:  # Binomial(64, 1/2): outside [12, 52] with prob 1.0e-7
         failures.append(f"acceptance over 64 offsets: {accepted} accepted, expected about 32")
@@ -202,11 +209,12 @@ def seed_hash(backend: str, quick: bool) -> CheckResult:
         b, k = kwargs["draft_token_ids"].shape
         seeds = gen.integers(-SEED_RANGE, SEED_RANGE, b)
         offsets = gen.integers(0, SEED_RANGE, b)
-        via_seed = pv.verify(**kwargs, seed=torch.from_numpy(seeds),
-                             seed_offset=torch.from_numpy(offsets), backend=backend)
+        via_seed = _verify(backend, **kwargs, seed=torch.from_numpy(seeds),
+                           seed_offset=torch.from_numpy(offsets))
         u = torch.from_numpy(rng.uniforms_numpy(seeds, offsets, k + 1))
-        via_u = pv.verify(**kwargs, uniforms=u, backend=backend)
+        via_u = _verify(backend, **kwargs, uniforms=u)
         if not np.array_equal(_tokens(via_seed), _tokens(via_u)):
             failures.append(f"case {case_seed}: seeded tokens differ from the documented uniforms")
-        compare(tally, backend, f"seeded#{case_seed}", {**kwargs, "uniforms": u}, "rejection")
+        compare(tally, backend, f"seeded#{case_seed}",
+                on_device({**kwargs, "uniforms": u}, torch_device(backend)), "rejection")
     return tally.result("seeds.hash")

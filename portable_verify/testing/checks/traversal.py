@@ -27,6 +27,8 @@ import torch
 
 import portable_verify as pv
 from portable_verify.core import methods
+from portable_verify.dispatch import torch_device
+from portable_verify.testing.cases.random_cases import on_device
 from portable_verify.testing.cases.tree_cases import chain_parents, random_tree_call
 from portable_verify.testing.checks.reference_comparison import REFERENCE, host
 from portable_verify.testing.checks.tree_exact import _answer as answer
@@ -74,7 +76,7 @@ def exact_law(mode: str, variant: str = "", rule_mode: str | None = None
 def fit(view: str, backend: str, mode: str, trials: int, alpha: float, seed: int,
         children: str | None = None) -> FitResult:
     """Run ``trials`` fresh trees through ``backend`` and test the joint law of ``mode``."""
-    call = ts.draw_calls(ts.make_scenario(), mode, trials, seed)
+    call = ts.draw_calls(ts.make_scenario(), mode, trials, seed, torch_device(backend))
     if children is not None:
         call["children"] = children
     res = pv.verify_tree(**call, method="traversal", seed=seed, backend=backend)
@@ -160,6 +162,7 @@ def chain_equals_block(backend: str, quick: bool) -> CheckResult:
     rng = np.random.default_rng(CASE_SEED)
     failures: list[str] = []
     calls = 0
+    device = torch_device(backend)
     for case in range(12 if quick else 40):
         b, k, v = int(rng.integers(1, 6)), int(rng.integers(1, 6)), int(rng.integers(1, 9))
         logits = torch.tensor(rng.normal(size=(b, k + 1, v)) * 3, dtype=torch.float32)
@@ -168,6 +171,8 @@ def chain_equals_block(backend: str, quick: bool) -> CheckResult:
         nodes = torch.cat([torch.zeros(b, 1, dtype=torch.int64), drafts], 1)
         parents = torch.from_numpy(chain_parents(b, k + 1))
         temps = torch.tensor(rng.choice([0.0, 0.6, 1.0], size=b), dtype=torch.float32)
+        logits, q, drafts, nodes, parents, temps = (
+            x.to(device) for x in (logits, q, drafts, nodes, parents, temps))
         target = ({"target_probs": torch.softmax(logits, -1)} if case % 2 else
                   {"target_logits": logits, "temperature": temps})
         for mode in ("deterministic", "iid", "without_replacement"):
@@ -178,8 +183,9 @@ def chain_equals_block(backend: str, quick: bool) -> CheckResult:
             tree = pv.verify_tree(nodes, parents, draft_probs=dq, children=mode,
                                   method="traversal", **common)
             calls += 1
-            want_nodes = torch.where(torch.arange(k + 1) < block.num_accepted[:, None],
-                                     torch.arange(1, k + 2), -1)
+            want_nodes = torch.where(torch.arange(k + 1, device=device)
+                                     < block.num_accepted[:, None],
+                                     torch.arange(1, k + 2, device=device), -1)
             if not (torch.equal(block.token_ids, tree.token_ids)
                     and torch.equal(block.num_accepted, tree.num_accepted)
                     and torch.equal(tree.node_ids, want_nodes)):
@@ -198,7 +204,7 @@ def traversal_greedy(backend: str, quick: bool) -> CheckResult:
     rows = 0
     for case in range(12 if quick else 40):
         call = random_tree_call(rng, ("iid", "without_replacement", "deterministic")[case % 3],
-                                logits=True)
+                                logits=True, device=torch_device(backend))
         greedy = call["temperature"] == 0
         got = pv.verify_tree(**call, method="traversal", backend=backend)
         want = pv.verify_tree(**call, method="greedy", backend=backend)
@@ -221,8 +227,10 @@ def traversal_exact(backend: str, quick: bool) -> CheckResult:
     failures: list[str] = []
     rows = excused = 0
     for case in range(40 if quick else 160):
-        call = random_tree_call(rng, ("iid", "without_replacement", "deterministic")[case % 3])
+        call = random_tree_call(rng, ("iid", "without_replacement", "deterministic")[case % 3],
+                                device=torch_device(backend))
         got = answer(pv.verify_tree(**call, method="traversal", backend=backend))
+        call = on_device(call, "cpu")  # the reference's copy
         want = answer(pv.verify_tree(**call, method="traversal", backend=REFERENCE))
         for row in range(want[0].shape[0]):
             rows += 1

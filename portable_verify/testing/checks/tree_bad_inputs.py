@@ -10,6 +10,8 @@ import numpy as np
 import torch
 
 import portable_verify as pv
+from portable_verify.dispatch import torch_device
+from portable_verify.testing.cases.random_cases import on_device
 from portable_verify.testing.cases.tree_cases import random_tree_call
 from portable_verify.testing.checks.bad_input_errors import methods_of
 from portable_verify.testing.checks.reference_comparison import host
@@ -19,17 +21,17 @@ from portable_verify.testing.kit import CheckResult, summarize
 Edit = Callable[[dict[str, Any]], None]
 
 
-def valid_tree_call() -> dict[str, Any]:
+def valid_tree_call(device: torch.device | str = "cpu") -> dict[str, Any]:
     """B = 2 trees of N = 4 nodes over V = 5, with draft probabilities (iid children)."""
     gen = torch.Generator().manual_seed(7)
-    return {
+    return on_device({
         "node_token_ids": torch.tensor([[0, 1, 2, 3], [0, 4, 4, 1]]),
         "parents": torch.tensor([[-1, 0, 0, 1], [-1, 0, 1, 2]]),
         "target_logits": torch.randn(2, 4, 5, generator=gen),
         "draft_probs": torch.softmax(torch.randn(2, 4, 5, generator=gen), -1),
         "children": "iid",
         "seed": 3,
-    }
+    }, device)
 
 
 def _set(key: str, value: Any) -> Edit:
@@ -127,14 +129,16 @@ def expect_tree_error(call: dict[str, Any], backend: str, argument: str,
 def tree_bad_input_raises(backend: str, quick: bool) -> CheckResult:
     """Every bad tree argument raises the documented error naming it (validate=True)."""
     name = "tree.bad_input_raises"
-    pv.verify_tree(**valid_tree_call(), backend=backend)  # the unedited call is accepted
+    device = torch_device(backend)
+    pv.verify_tree(**valid_tree_call(device), backend=backend)  # the unedited call is accepted
     failures = []
     traversal = pv.get_backend(backend).traits.implements("tree", "traversal")
     cases = [c for c in TREE_BAD_CASES if traversal or not c[0].startswith("traversal")]
     for label, edit, argument, error in cases:
-        call = valid_tree_call()
-        edit(call)
-        if (problem := expect_tree_error(call, backend, argument, error)) is not None:
+        call = valid_tree_call(device)
+        edit(call)  # an edit's new tensors are made on the host: the call moves once
+        if (problem := expect_tree_error(on_device(call, device), backend, argument,
+                                         error)) is not None:
             failures.append(f"{label}: {problem}")
     detail = (f"{len(cases)} bad tree inputs rejected with the argument named"
               if not failures else summarize(failures))
@@ -152,7 +156,7 @@ def tree_unvalidated_garbage(backend: str, quick: bool) -> CheckResult:
     methods = methods_of(backend, "tree")
     for case in range(cases):
         call = random_tree_call(gen, ("deterministic", "iid", "without_replacement")[case % 3])
-        b, n = call["node_token_ids"].shape
+        b, n = call["node_token_ids"].shape  # garbage drawn on the host, then moved once
         call["parents"] = torch.from_numpy(gen.integers(-3, n + 2, size=(b, n)))
         call["node_token_ids"] = torch.from_numpy(gen.integers(-3, 9, size=(b, n)))
         call["num_nodes"] = torch.from_numpy(gen.integers(-1, n + 3, size=b))
@@ -161,6 +165,7 @@ def tree_unvalidated_garbage(backend: str, quick: bool) -> CheckResult:
         target[gen.random(target.shape) < 0.1] = float("nan")
         call[key] = target
         call.pop("max_depth", None)
+        call = on_device(call, torch_device(backend))
         v = target.shape[-1]
         for method in methods:
             try:

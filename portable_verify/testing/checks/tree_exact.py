@@ -17,6 +17,8 @@ import numpy as np
 import torch
 
 import portable_verify as pv
+from portable_verify.dispatch import torch_device
+from portable_verify.testing.cases.random_cases import on_device
 from portable_verify.testing.cases.tree_cases import MODES, chain_parents, random_tree_call
 from portable_verify.testing.checks.bad_input_errors import methods_of
 from portable_verify.testing.checks.reference_comparison import REFERENCE, host
@@ -70,14 +72,17 @@ def tree_exact(backend: str, quick: bool) -> CheckResult:
     rng = np.random.default_rng(CASE_SEED)
     failures: list[str] = []
     rows = excused = 0
+    device = torch_device(backend)
     for case in range(QUICK_CASES if quick else FULL_CASES):
         mode = MODES[case % 3]
-        call = random_tree_call(rng, mode)
+        call = random_tree_call(rng, mode, device=device)
+        host_call = None  # the reference's copy, made once the backend has run
         for method in methods_of(backend, "tree"):
             if method == "typical" and mode != "deterministic":
                 continue
             got = _answer(pv.verify_tree(**call, method=method, backend=backend))
-            want = _answer(pv.verify_tree(**call, method=method, backend=REFERENCE))
+            host_call = host_call or on_device(call, "cpu")
+            want = _answer(pv.verify_tree(**host_call, method=method, backend=REFERENCE))
             if got[0].shape != want[0].shape:
                 failures.append(f"case {case}/{method}: shape {got[0].shape} != {want[0].shape}")
                 continue
@@ -85,7 +90,7 @@ def tree_exact(backend: str, quick: bool) -> CheckResult:
                 rows += 1
                 if all(np.array_equal(g[row], w[row]) for g, w in zip(got, want, strict=True)):
                     continue
-                if method != "greedy" and _near_boundary(call, method, row):
+                if method != "greedy" and _near_boundary(host_call, method, row):
                     excused += 1
                     continue
                 failures.append(f"case {case}/{mode}/{method} row {row}: {got[0][row].tolist()}"
@@ -108,6 +113,7 @@ def chain_equals_verify(backend: str, quick: bool) -> CheckResult:
     cases = QUICK_CASES if quick else FULL_CASES // 2
     if not pv.get_backend(backend).traits.statistical_sizes:
         cases = min(cases, SLOW_CHAIN_CASES)
+    device = torch_device(backend)
     for case in range(cases):
         b, k, v = int(rng.integers(1, 6)), int(rng.integers(0, 6)), int(rng.integers(1, 9))
         logits = torch.tensor(rng.normal(size=(b, k + 1, v)) * 3, dtype=torch.float32)
@@ -116,6 +122,8 @@ def chain_equals_verify(backend: str, quick: bool) -> CheckResult:
         nodes = torch.cat([torch.zeros(b, 1, dtype=torch.int64), drafts], 1)
         parents = torch.from_numpy(chain_parents(b, k + 1))
         temps = torch.tensor(rng.choice([0.0, 0.6, 1.0], size=b), dtype=torch.float32)
+        logits, q, drafts, nodes, parents, temps = (
+            x.to(device) for x in (logits, q, drafts, nodes, parents, temps))
         probs = case % 2 == 1
         target = {"target_probs": torch.softmax(logits, -1)} if probs else {
             "target_logits": logits, "temperature": temps}
@@ -133,8 +141,9 @@ def chain_equals_verify(backend: str, quick: bool) -> CheckResult:
                     and torch.equal(chain.num_accepted, tree.num_accepted)):
                 failures.append(f"case {case} {method}/{mode}: verify {chain.token_ids.tolist()}"
                                 f" != verify_tree {tree.token_ids.tolist()}")
-            want_nodes = torch.where(torch.arange(k + 1) < chain.num_accepted[:, None],
-                                     torch.arange(1, k + 2), -1)
+            want_nodes = torch.where(torch.arange(k + 1, device=device)
+                                     < chain.num_accepted[:, None],
+                                     torch.arange(1, k + 2, device=device), -1)
             if not torch.equal(tree.node_ids, want_nodes):
                 failures.append(f"case {case} {method}/{mode}: node_ids {tree.node_ids.tolist()}")
     detail = f"{calls} chain calls equal verify" if not failures else summarize(failures)
@@ -169,13 +178,13 @@ def greedy_brute_force(backend: str, quick: bool) -> CheckResult:
     failures: list[str] = []
     rows = 0
     for case in range(QUICK_CASES if quick else FULL_CASES):
-        call = random_tree_call(rng, "deterministic")
+        call = random_tree_call(rng, "deterministic", device=torch_device(backend))
         call.pop("uniforms")
         res = pv.verify_tree(**call, method="greedy", backend=backend)
-        target = call.get("target_logits", call.get("target_probs")).numpy()
-        tokens, parents = call["node_token_ids"].numpy(), call["parents"].numpy()
+        target = host(call.get("target_logits", call.get("target_probs")))
+        tokens, parents = host(call["node_token_ids"]), host(call["parents"])
         b, n = tokens.shape
-        counts = call["num_nodes"].numpy() if "num_nodes" in call else np.full(b, n)
+        counts = host(call["num_nodes"]) if "num_nodes" in call else np.full(b, n)
         depth_cap = call.get("max_depth", n - 1)
         for row in range(b):
             rows += 1

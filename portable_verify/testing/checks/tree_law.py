@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 import portable_verify as pv
+from portable_verify.dispatch import torch_device
 from portable_verify.testing.checks.reference_comparison import host
 from portable_verify.testing.checks.tree_exact import tree_check
 from portable_verify.testing.kit import CheckResult, check
@@ -45,7 +46,7 @@ def _fit(view: str, backend: str, mode: str, trials: int, alpha: float, seed: in
          children: str | None = None, **extra: Any) -> tuple[FitResult, np.ndarray]:
     """Run one scenario; the fit and the observed frequencies per sequence."""
     scenario = make_scenario()
-    call = draw_trees(scenario, mode, trials, seed)
+    call = draw_trees(scenario, mode, trials, seed, torch_device(backend))
     if children is not None:
         call["children"] = children
     res = pv.verify_tree(**call, seed=seed, backend=backend, **extra)
@@ -95,7 +96,8 @@ def tree_negative_controls(backend: str, quick: bool) -> CheckResult:
             dict(backend="_tree_removal_first", mode="without_replacement"),
         "one uniform shared by the siblings":
             dict(backend=backend, mode="deterministic",
-                 uniforms=shared_sibling_uniforms(make_scenario(), n, SEED + 10)),
+                 uniforms=shared_sibling_uniforms(make_scenario(), n, SEED + 10,
+                                                  torch_device(backend))),
         "SGLang thresholds 0.7/0.7":
             dict(backend="_tree_sglang_thresholds", mode="deterministic"),
         # The mode the old tables hid it in; docs/testing.md has its power per mode.

@@ -23,6 +23,7 @@ import torch
 
 import portable_verify as pv
 from portable_verify.core.arguments import SEED_RANGE
+from portable_verify.dispatch import torch_device
 
 START = -1  # the "previous token" of position 0
 
@@ -115,9 +116,10 @@ def simulate(scenario: Scenario, backend: str, quick: bool) -> np.ndarray:
 
 def _decode_chunk(s: Scenario, backend: str, b: int, rng: np.random.Generator) -> np.ndarray:
     k, length = s.num_drafts, s.length
-    target_in = torch.from_numpy(s.target_input()).to(s.dtype)
-    draft_in = torch.from_numpy(s.draft_input()).to(s.dtype)
-    seeds = torch.from_numpy(rng.integers(0, SEED_RANGE, size=b, dtype=np.int64))
+    device = torch_device(backend)  # the tables live there; each step's ids move to it
+    target_in = torch.from_numpy(s.target_input()).to(device, s.dtype)
+    draft_in = torch.from_numpy(s.draft_input()).to(device, s.dtype)
+    seeds = torch.from_numpy(rng.integers(0, SEED_RANGE, size=b, dtype=np.int64)).to(device)
     out = np.full((b, length), START, dtype=np.int64)
     have = np.zeros(b, dtype=np.int64)
     rows = np.arange(b)
@@ -132,13 +134,14 @@ def _decode_chunk(s: Scenario, backend: str, b: int, rng: np.random.Generator) -
             drafts[:, j] = draw_from_table(s.proposal, state, rng.random(b))
             state = s.state(drafts[:, j], have + j + 1)
         states[:, k] = state
-        counts = torch.from_numpy(rng.integers(0, k + 1, size=b)) if s.ragged else None
-        target = target_in[torch.from_numpy(states)]
-        kwargs = {"target_logits" if s.logits else "target_probs": target}
+        counts = (torch.from_numpy(rng.integers(0, k + 1, size=b)).to(device) if s.ragged
+                  else None)
+        index = torch.from_numpy(states).to(device)
+        kwargs = {"target_logits" if s.logits else "target_probs": target_in[index]}
         if not s.deterministic_draft:
-            kwargs["draft_probs"] = draft_in[torch.from_numpy(states[:, :k])]
+            kwargs["draft_probs"] = draft_in[index[:, :k]]
         result = pv.verify(
-            torch.from_numpy(drafts),
+            torch.from_numpy(drafts).to(device),
             num_draft_tokens=counts,
             temperature=s.temperature,
             seed=seeds,
@@ -148,8 +151,8 @@ def _decode_chunk(s: Scenario, backend: str, b: int, rng: np.random.Generator) -
             validate=s.validate,
             **kwargs,
         )
-        tokens = result.token_ids.numpy()
-        take = np.minimum(result.num_emitted.numpy(), length - have)
+        tokens = result.token_ids.cpu().numpy()
+        take = np.minimum(result.num_emitted.cpu().numpy(), length - have)
         for c in range(min(k + 1, length)):  # positions of the emitted prefix
             sel = c < take
             out[rows[sel], have[sel] + c] = tokens[sel, c]

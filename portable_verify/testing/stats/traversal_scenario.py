@@ -113,10 +113,11 @@ def _index(seq: tuple[int, ...]) -> int:
     return int(sum(t * VOCAB ** (len(seq) - 1 - i) for i, t in enumerate(seq)))
 
 
-def draw_calls(scenario: TraversalScenario, mode: str, trials: int, seed: int
-               ) -> dict[str, Any]:
+def draw_calls(scenario: TraversalScenario, mode: str, trials: int, seed: int,
+               device: torch.device | str = "cpu") -> dict[str, Any]:
     """``verify_tree`` arguments for ``trials`` requests, each with a freshly drafted tree
-    (node by node, vectorised over the trials; a node's prefix is kept in base V)."""
+    (node by node, vectorised over the trials on the host; a node's prefix is kept in base V),
+    as tensors on ``device``."""
     gen = np.random.default_rng(seed)
     n = len(PARENTS)
     tokens = np.zeros((trials, n), dtype=np.int64)
@@ -138,9 +139,10 @@ def draw_calls(scenario: TraversalScenario, mode: str, trials: int, seed: int
             local[:, i] = local[:, parent] * VOCAB + tokens[:, i]
         p_rows, q_rows = _tables(scenario, depth[i])
         p[:, i], q[:, i] = p_rows[local[:, i]], q_rows[local[:, i]]
-    return {"node_token_ids": torch.from_numpy(tokens),
-            "parents": torch.tensor([PARENTS] * trials), "target_probs": torch.from_numpy(p),
-            "draft_probs": torch.from_numpy(q), "children": mode}
+    return {"node_token_ids": torch.from_numpy(tokens).to(device),
+            "parents": torch.tensor([PARENTS] * trials, device=device),
+            "target_probs": torch.from_numpy(p).to(device),
+            "draft_probs": torch.from_numpy(q).to(device), "children": mode}
 
 
 def _tables(scenario: TraversalScenario, length: int) -> tuple[np.ndarray, np.ndarray]:

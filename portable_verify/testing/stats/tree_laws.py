@@ -83,9 +83,10 @@ def _inverse_cdf(weights: np.ndarray, v: np.ndarray) -> np.ndarray:
     return np.minimum((c < (v * c[:, -1])[:, None]).sum(1), weights.shape[1] - 1)
 
 
-def draw_trees(scenario: TreeScenario, mode: str, trials: int, seed: int) -> dict[str, Any]:
-    """Fresh trees for ``trials`` requests: ``node_token_ids``, node prefix rows and the
-    ``verify_tree`` target/draft tensors."""
+def draw_trees(scenario: TreeScenario, mode: str, trials: int, seed: int,
+               device: torch.device | str = "cpu") -> dict[str, Any]:
+    """Fresh trees for ``trials`` requests (drawn on the host): ``node_token_ids`` and the
+    ``verify_tree`` target/draft tensors, on ``device``."""
     gen = np.random.default_rng(seed)
     n = scenario.num_nodes
     tokens = np.zeros((trials, n), dtype=np.int64)
@@ -110,17 +111,19 @@ def draw_trees(scenario: TreeScenario, mode: str, trials: int, seed: int) -> dic
             local[:, child] = local[:, node] * VOCAB + chosen[:, k]
             row[:, child] = prefix_offset(int(scenario.depth[child])) + local[:, child]
     call: dict[str, Any] = {
-        "node_token_ids": torch.from_numpy(tokens),
-        "parents": torch.from_numpy(np.broadcast_to(scenario.parents, (trials, n)).copy()),
-        "target_probs": torch.from_numpy(scenario.p[row]),
+        "node_token_ids": torch.from_numpy(tokens).to(device),
+        "parents": torch.from_numpy(np.broadcast_to(scenario.parents, (trials, n)).copy()
+                                    ).to(device),
+        "target_probs": torch.from_numpy(scenario.p[row]).to(device),
         "children": mode,
     }
     if mode != "deterministic":
-        call["draft_probs"] = torch.from_numpy(scenario.q[row])
+        call["draft_probs"] = torch.from_numpy(scenario.q[row]).to(device)
     return call
 
 
-def shared_sibling_uniforms(scenario: TreeScenario, trials: int, seed: int) -> torch.Tensor:
+def shared_sibling_uniforms(scenario: TreeScenario, trials: int, seed: int,
+                            device: torch.device | str = "cpu") -> torch.Tensor:
     """The uniforms ``seed`` gives, but every sibling reads its first sibling's: the bug of one
     uniform per level (negative control)."""
     seeds = counter_rng.row_seeds(seed, np.arange(trials, dtype=np.int64))
@@ -129,7 +132,7 @@ def shared_sibling_uniforms(scenario: TreeScenario, trials: int, seed: int) -> t
     for node in range(1, scenario.num_nodes):
         first = int(np.flatnonzero(scenario.parents == scenario.parents[node])[0])
         u[:, node - 1] = u[:, first - 1]
-    return torch.from_numpy(u)
+    return torch.from_numpy(u).to(device)
 
 
 def complete(scenario: TreeScenario, token_ids: np.ndarray, emitted: np.ndarray,
