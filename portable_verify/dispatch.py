@@ -95,7 +95,7 @@ def _declared(base: str, what: str) -> Any:
     return value
 
 
-def warming(name: str) -> Warming | None:
+def warming_of(name: str) -> Warming | None:
     """The warming declared for ``name``'s implementation (``"numba:cpu"`` or ``"numba"``), or
     None: its build's status and its kernel cache, read without importing the backend."""
     return _declared(ALIASES.get(name, name).partition(":")[0], "warming")

@@ -54,7 +54,7 @@ def warm_up(backend: str = "auto", methods: tuple[str, ...] | None = None,
     seconds = {m: _timed(lambda m=m: _chain_calls(name, m, device)) for m in chosen}
     if trees:
         seconds["tree"] = _timed(lambda: _tree_calls(name, device))
-    warms = dispatch.warming(name)
+    warms = dispatch.warming_of(name)
     if warms is not None and methods is None and trees:
         warms.warmed()  # every kernel is loaded here: auto takes it from now on
     return seconds

@@ -299,7 +299,7 @@ def test_a_warming_backend_is_stood_in_for_until_ready(
 
     registered("slowdemo", lambda device: Slow(), warming=warms)
     monkeypatch.setitem(dispatch.AUTO_PREFERENCE, "cpu", ("slowdemo", "torch:cpu"))
-    assert dispatch.warming("slowdemo") is warms
+    assert dispatch.warming_of("slowdemo") is warms
     picks = [dispatch.select_backend("auto", "cpu").qualified_name for _ in range(2)]
     assert picks == ["torch:cpu", "torch:cpu"] and warms.looks == 2  # never cached
     warms.is_ready = True

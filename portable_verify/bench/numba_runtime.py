@@ -23,7 +23,7 @@ THREADS_ENV = "PORTABLE_VERIFY_NUM_THREADS"
 def kernel_cache() -> dict[str, Any]:
     """numba's kernel cache as its registration's warming reads it (numba's index: one
     reader), without compiling anything."""
-    warms = dispatch.warming("numba")
+    warms = dispatch.warming_of("numba")
     if warms is None:
         return {"state": "unavailable", "detail": "no numba backend is registered", "kernels": {}}
     return warms.kernel_cache()
