@@ -1,11 +1,14 @@
 """Backend registry and run-time selection: the one place that knows every implementation.
 
 Backends register a factory under their implementation's name (``numpy``, ``torch``,
-``triton``, ``openvino``); a name may carry a device suffix (``torch:cuda``, ``openvino:GPU``).
-Nothing is imported until it is asked for, so a missing optional package costs nothing and is
-reported, not raised, by :func:`backend_status`. Dispatch also owns what sits between the front
-doors and a backend: resolving ``auto`` and the old names, the fallback from Triton to torch on a
-GPU without Triton (announced once), and the conversion to numpy for numpy-kind backends.
+``numba``, ``triton``, ``openvino``); a name may carry a device suffix (``torch:cuda``,
+``openvino:GPU``). Nothing is imported until it is asked for, so a missing optional package costs
+nothing and is reported, not raised, by :func:`backend_status`; a factory that raises anything
+else is reported broken. A registration may declare the backend's traits and its warming (a
+backend whose first call would compile), read without importing it. Dispatch also owns what sits
+between the front doors and a backend: resolving ``auto`` and the old names, the stand-in while
+a backend warms, the fallback from Triton to torch on a GPU without Triton (announced once), and
+the conversion to numpy for numpy-kind backends.
 """
 
 from __future__ import annotations
@@ -14,20 +17,29 @@ import functools
 import importlib
 import logging
 import os
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterable
 from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from portable_verify.backends.base import Availability, Backend, ReadValueError
-from portable_verify.backends.numba import readiness as numba_readiness
+from portable_verify.backends.base import ENV_INTERIM as ENV_INTERIM  # the warming switch
+from portable_verify.backends.base import (
+    Availability,
+    Backend,
+    BackendTraits,
+    ReadValueError,
+    Warming,
+)
 from portable_verify.core.methods import CHAIN
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyCall, VerifyInputs
 
 ENV_BACKEND = "PORTABLE_VERIFY_BACKEND"
+ENV_REQUIRE = "PORTABLE_VERIFY_REQUIRE_BACKENDS"
+"""A comma list of canonical names that must run here (CI): see :func:`unmet_requirements`."""
 
 ALIASES: dict[str, str] = {"cpu": "torch:cpu", "cuda": "auto:cuda", "xpu": "auto:xpu"}
 """Names of earlier releases. ``cuda``/``xpu`` mean "the best backend for that GPU"."""
@@ -38,29 +50,61 @@ AUTO_PREFERENCE: dict[str, tuple[str, ...]] = {
     "xpu": ("triton:xpu", "torch:xpu"),
 }
 """What ``auto`` picks per torch device type, best first; other device types get ``torch``."""
-COMPILED_CPU = "numba:cpu"
-"""The choice of ``auto`` whose first call would compile: until its kernels are ready, the next
-choice answers (docs/decisions.md, "The first call")."""
 
 log = logging.getLogger("portable_verify")
 
 _REGISTRY: dict[str, Callable[[str | None], Backend]] = {}
+_DECLARED: dict[str, dict[str, Any]] = {}  # name -> {"traits": ..., "warming": ...}, as given
 _CACHE: dict[str, Backend] = {}
 _SELECTED: dict[tuple[str, str, str | None, Any], Backend] = {}
+_INTERIM = {"answers": 0}  # stand-in answers so far: no selection made while it moves is cached
+_INTERIM_LOCK = threading.Lock()
 
 
-def register_backend(name: str, factory: Callable[[str | None], Backend]) -> None:
-    """Register ``factory(device_suffix or None) -> Backend`` under ``name`` (replacing any)."""
+def register_backend(name: str, factory: Callable[[str | None], Backend], *,
+                     traits: BackendTraits | str | None = None,
+                     warming: Warming | str | None = None) -> None:
+    """Register ``factory(device_suffix or None) -> Backend`` under ``name`` (replacing any).
+
+    ``traits``: what every backend of this implementation is like, declared so that ``auto``
+    can filter on it without importing the implementation (it must equal the backends' own).
+    ``warming``: a :class:`~portable_verify.backends.base.Warming` for an implementation whose
+    first call would compile; ``auto`` answers from the next choice until it is ready. Either
+    may be given as ``"module:attribute"``, imported when first needed.
+    """
     if ":" in name:
         raise ValueError(f"backend names carry no device suffix; got {name!r}")
     _REGISTRY[name] = factory
+    _DECLARED[name] = {"traits": traits, "warming": warming}
     _forget(name)
 
 
 def unregister_backend(name: str) -> None:
     """Remove ``name`` from the registry (test doubles, plugins being unloaded); no-op if absent."""
     _REGISTRY.pop(name, None)
+    _DECLARED.pop(name, None)
     _forget(name)
+
+
+def _declared(base: str, what: str) -> Any:
+    """The registration's ``traits`` or ``warming`` for ``base`` (imported on first need)."""
+    value = _DECLARED.get(base, {}).get(what)
+    if isinstance(value, str):
+        module, _, attribute = value.partition(":")
+        value = _DECLARED[base][what] = getattr(importlib.import_module(module), attribute)
+    return value
+
+
+def warming_of(name: str) -> Warming | None:
+    """The warming declared for ``name``'s implementation (``"numba:cpu"`` or ``"numba"``), or
+    None: its build's status and its kernel cache, read without importing the backend."""
+    return _declared(ALIASES.get(name, name).partition(":")[0], "warming")
+
+
+def _traits(name: str) -> BackendTraits:
+    """The traits of a canonical name: declared at registration, else the backend's own."""
+    declared = _declared(name.partition(":")[0], "traits")
+    return declared if declared is not None else _instantiate(name).traits
 
 
 def _forget(name: str) -> None:
@@ -83,16 +127,16 @@ class _Unavailable(Backend):
 
     description = "could not be imported"
 
-    def __init__(self, name: str, reason: str) -> None:
+    def __init__(self, name: str, reason: str, broken: bool = False) -> None:
         self.name = name  # type: ignore[misc]
         self.device = None
-        self._reason = reason
+        self._status = Availability(False, reason, broken)
 
     def availability(self) -> Availability:
-        return Availability(False, self._reason)
+        return self._status
 
     def run(self, inputs: VerifyInputs) -> tuple[Any, Any]:
-        raise RuntimeError(self._reason)
+        raise RuntimeError(self._status.reason)
 
 
 def _instantiate(name: str) -> Backend:
@@ -105,14 +149,24 @@ def _instantiate(name: str) -> Backend:
         raise ValueError(f"backend={name!r} is not a known backend; known: {known}")
     try:
         backend = _REGISTRY[base](device or None)
-    except ImportError as exc:  # optional dependency missing
-        backend = _Unavailable(name, f"import failed: {exc}")
+    except ImportError as exc:
+        backend = _Unavailable(name, f"import failed: {exc}", broken=_ours(exc))
     except ValueError:  # an unknown device suffix: the caller's mistake, said by the backend
         raise
-    except Exception as exc:  # a broken optional wheel must not break backend listing
-        backend = _Unavailable(name, f"failed to load: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # listed, never raised here: broken, and said so wherever it runs
+        backend = _Unavailable(name, f"failed to load: {type(exc).__name__}: {exc}", broken=True)
+    declared = _declared(base, "traits")
+    if declared is not None and not isinstance(backend, _Unavailable) \
+            and backend.traits != declared:
+        backend = _Unavailable(name, "its traits differ from those declared at registration",
+                               broken=True)
     _CACHE[name] = backend
     return backend
+
+
+def _ours(exc: ImportError) -> bool:
+    """An import of this package failed (a bug, not a missing optional dependency)."""
+    return (exc.name or "").partition(".")[0] == __package__
 
 
 def _expanded(base: str) -> list[str]:
@@ -140,6 +194,22 @@ def torch_device(name: str) -> torch.device:
     if name == "auto" or name.startswith("auto:"):
         return torch.device(name.partition(":")[2] or "cpu")
     return torch.device(_instantiate(_canonical(name, None)).torch_device_type())
+
+
+def required_backends() -> list[str]:
+    """The canonical names ``PORTABLE_VERIFY_REQUIRE_BACKENDS`` lists (none when unset)."""
+    return [n.strip() for n in os.environ.get(ENV_REQUIRE, "").split(",") if n.strip()]
+
+
+def unmet_requirements(required: Iterable[str] | None = None) -> dict[str, str]:
+    """Each backend of ``required`` (default :func:`required_backends`) that does not run
+    here, with why: a machine that should have it (CI, a GPU check) fails instead of skipping
+    its tests."""
+    status = backend_status()
+    wanted = required_backends() if required is None else list(required)
+    return {n: (f"{status[n].status}: {status[n].reason}" if n in status
+                else f"not a registered backend; known: {sorted(status)}")
+            for n in wanted if n not in status or not status[n].available}
 
 
 def get_backend(name: str) -> Backend:
@@ -193,9 +263,9 @@ def select_backend(requested: str, device_type: str, rule: str | None = None,
            os.environ.get(ENV_BACKEND) if _ENVIRON_DATA is None else _ENVIRON_DATA.get(_ENV_KEY))
     backend = _SELECTED.get(key)
     if backend is None:
-        answered = numba_readiness.answers
+        answered = _INTERIM["answers"]
         backend = _select(requested, device_type, rule, layout)
-        if numba_readiness.answers == answered:  # an interim answer is never cached
+        if _INTERIM["answers"] == answered:  # an interim answer is never cached
             _SELECTED[key] = backend
     return backend
 
@@ -232,24 +302,21 @@ def settled_auto(device_type: str) -> Backend:
 def _automatic(device_type: str, rule: str | None, layout: str,
                interim: bool = True) -> Backend:
     """The first available backend of the device's preference list that implements ``rule``
-    for ``layout``; a warning, once, names a better one that could not run."""
+    for ``layout`` (filtered on declared traits first: nothing is imported for that); while
+    one that warms is not ready, the next available one answers; a warning, once, names a
+    better one that could not run."""
     names = dict.fromkeys([*AUTO_PREFERENCE.get(device_type, ()), f"torch:{device_type}",
                            *(["numpy"] if device_type == "cpu" else [])])
-    if interim and COMPILED_CPU in names and not numba_readiness.READY:
-        stand_in = _interim_before_import(list(names), rule, layout)
-        if stand_in is not None:
-            return stand_in
-    capable = [n for n in names if _instantiate(n).traits.implements(layout, rule)]
+    capable = [n for n in names if _traits(n).implements(layout, rule)]
     if not capable:
         raise ValueError(f"no backend implements {_what(rule, layout)} on {device_type}; "
                          f"backends that do: {_backends_with(rule, layout)}")
     for i, name in enumerate(capable):
+        stand_in = _interim(name, capable[i + 1:]) if interim else None
+        if stand_in is not None:
+            return stand_in
         backend = _instantiate(name)
         if backend.availability().available:
-            if interim and name == COMPILED_CPU and not numba_readiness.READY:
-                stand_in = _interim(capable[i + 1:])
-                if stand_in is not None:
-                    return stand_in
             if i > 0:
                 _warn_once(f"auto:{device_type}", capable[0],
                            _instantiate(capable[0]).availability().reason, name)
@@ -257,22 +324,20 @@ def _automatic(device_type: str, rule: str | None, layout: str,
     return get_backend(capable[-1])  # raises, naming why
 
 
-def _interim_before_import(names: list[str], rule: str | None, layout: str) -> Backend | None:
-    """The stand-in for ``numba:cpu`` decided before the numba backend (and numba) is imported:
-    a cold first call then costs the stand-in's call and a file lookup, not numba's import."""
-    if not (numba_readiness.installed() and numba_readiness.TRAITS.implements(layout, rule)):
+def _interim(name: str, later: list[str]) -> Backend | None:
+    """The backend that answers while ``name``'s kernels build (the next available one of the
+    preference list: the same tokens), decided before ``name`` is imported, so that a cold
+    first call costs the stand-in's call and a file lookup; None where ``name`` declares no
+    warming or cannot run here, once it is ready, or when no build is wanted (its
+    :class:`~portable_verify.backends.base.Warming` says)."""
+    warms = _declared(name.partition(":")[0], "warming")
+    if warms is None or not warms.installed():
         return None
-    later = names[names.index(COMPILED_CPU) + 1:]
-    return _interim([n for n in later if _instantiate(n).traits.implements(layout, rule)])
-
-
-def _interim(later: list[str]) -> Backend | None:
-    """The backend that answers while ``numba:cpu``'s kernels build in the background (the
-    next available one of the preference list: the same tokens), or None once they are ready
-    or when no build is wanted (:mod:`~portable_verify.backends.numba.readiness`)."""
     stand_in = next((b for b in map(_instantiate, later) if b.availability().available), None)
-    if stand_in is None or numba_readiness.ready():
+    if stand_in is None or warms.ready():
         return None
+    with _INTERIM_LOCK:
+        _INTERIM["answers"] += 1
     return stand_in
 
 
@@ -282,7 +347,7 @@ def _what(rule: str | None, layout: str) -> str:
 
 def _backends_with(rule: str | None, layout: str) -> list[str]:
     """The available backends that implement ``rule`` for ``layout`` (for error messages)."""
-    return [n for n in available_backends() if _instantiate(n).traits.implements(layout, rule)]
+    return [n for n in available_backends() if _traits(n).implements(layout, rule)]
 
 
 try:  # CPython keeps the environment in an encoded dict: reading it directly skips decoding
@@ -370,7 +435,9 @@ def _same_device(backend: Backend, target: torch.Tensor) -> torch.device:
     return device
 
 
-register_backend("numba", lazy("portable_verify.backends.numba.backend", "NumbaBackend"))
+_NUMBA = "portable_verify.backends.numba"
+register_backend("numba", lazy(f"{_NUMBA}.backend", "NumbaBackend"),
+                 traits=f"{_NUMBA}.readiness:TRAITS", warming=f"{_NUMBA}.readiness:WARMING")
 register_backend("numpy", lazy("portable_verify.backends.numpy.backend", "NumpyReferenceBackend"))
 register_backend("torch", lazy("portable_verify.backends.torch.backend", "TorchBackend"))
 register_backend("triton", lazy("portable_verify.backends.triton.backend", "TritonBackend"))

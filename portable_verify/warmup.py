@@ -6,8 +6,8 @@ step. :func:`warm_up` makes tiny calls through the public front doors that reach
 (chain: every chain method, padded and ragged, tensors and numpy arrays; block; tree: every tree
 method the backend implements, each children mode), so it warms exactly what real calls reach,
 whatever the backend's internals are. ``portable-verify warm-up`` runs it; a cold
-``backend="auto"`` call runs :func:`build_cache` in a subprocess (docs/decisions.md, "The first
-call").
+``backend="auto"`` call builds the kernels in a subprocess of the backend's own
+(docs/decisions.md, "The first call").
 
 Call it from the process that will serve, in its main thread: a compile holds numba's compiler
 lock, and a process forked while another thread holds it inherits a lock no one will release
@@ -17,10 +17,8 @@ compiled kernels and compiles nothing.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -29,16 +27,6 @@ from portable_verify import dispatch
 from portable_verify.api.padded import verify
 from portable_verify.api.ragged import verify_ragged
 from portable_verify.api.tree import verify_tree
-from portable_verify.backends.numba import readiness
-from portable_verify.backends.numba.readiness import (  # the user layers' names for them
-    ENV_INTERIM as ENV_INTERIM,
-)
-from portable_verify.backends.numba.readiness import (
-    cached_dispatchers as cached_dispatchers,
-)
-from portable_verify.backends.numba.readiness import (
-    kernel_cache as kernel_cache,
-)
 from portable_verify.core import methods as table
 from portable_verify.core.tree import CHILDREN_MODES
 
@@ -46,8 +34,6 @@ WARM_METHODS: tuple[str, ...] = tuple(m for m in table.names(table.CHAIN) if m !
 """The chain methods :func:`warm_up` warms by default: every chain method of the method table."""
 TREE_METHODS: tuple[str, ...] = tuple(m for m in table.names(table.TREE) if m != "auto")
 """The tree methods it warms where the backend implements them."""
-LOCK_FILE = "portable_verify.build.lock"
-"""In the kernel cache folder: one build at a time fills it (the others then load)."""
 
 
 def warm_up(backend: str = "auto", methods: tuple[str, ...] | None = None,
@@ -68,9 +54,9 @@ def warm_up(backend: str = "auto", methods: tuple[str, ...] | None = None,
     seconds = {m: _timed(lambda m=m: _chain_calls(name, m, device)) for m in chosen}
     if trees:
         seconds["tree"] = _timed(lambda: _tree_calls(name, device))
-    if name == dispatch.COMPILED_CPU and methods is None and trees:
-        readiness.loaded()  # every kernel is loaded here: auto takes it from now on
-        readiness.write_stamp()  # a later process knows it without importing numba
+    warms = dispatch.warming_of(name)
+    if warms is not None and methods is None and trees:
+        warms.warmed()  # every kernel is loaded here: auto takes it from now on
     return seconds
 
 
@@ -138,33 +124,3 @@ def _tree_calls(backend: str, device: str) -> None:
             verify_tree(tokens, parents, target_logits=logits, draft_probs=draft_probs,
                         children=children, method=method, temperature=1.0, seed=0,
                         backend=backend)
-
-
-def build_cache() -> int:
-    """Fill numba's kernel cache (the subprocess a cold ``auto`` call starts); 0 on success.
-
-    One build at a time per cache folder (a lock file there): a second waits, then loads."""
-    torch.set_num_threads(1)
-    if readiness.cache_state()["state"] == "uncached":
-        return readiness.UNCACHED_EXIT  # a build here could never serve a later process
-    with _build_lock():
-        warm_up(backend=dispatch.COMPILED_CPU)
-    return 0
-
-
-@contextlib.contextmanager
-def _build_lock() -> Iterator[None]:
-    """An exclusive lock file in the kernel cache folder (none when it has no folder)."""
-    dirs = readiness.cache_state().get("cache_dirs") or []
-    if not dirs:
-        yield
-        return
-    import fcntl
-
-    os.makedirs(dirs[0], exist_ok=True)
-    with open(os.path.join(dirs[0], LOCK_FILE), "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)

@@ -321,9 +321,10 @@ import json, numpy as np
 from portable_verify.bench import numba_runtime
 from portable_verify.backends.numba import chain as numba_kernels
 from portable_verify.backends.numba import rows as numba_math
+from portable_verify.backends.numba.readiness import cached_dispatchers
 before = numba_runtime.kernel_cache()
 compiled = sum(len(d.overloads) for m in (numba_kernels, numba_math)
-               for d in numba_runtime._cached_dispatchers(m).values())
+               for d in cached_dispatchers(m).values())
 numba_math.row_max(np.zeros(3, np.float32))  # compiles (and caches) one kernel
 print(json.dumps({"before": before, "compiled": compiled, "after": numba_runtime.kernel_cache()}))
 """

@@ -62,12 +62,21 @@ first.update(kit=kit_calls(), auto=auto_now())
 ready = readiness.wait(timeout=1200)
 after = {"readme": readme_call(), "kit": kit_calls(), "auto": auto_now()}
 compiled = {"readme": readme_call("numba:cpu"), "kit": kit_calls("numba:cpu")}
+import importlib
+pv.warm_up(backend="numba:cpu")  # every entry kernel, through the front doors
+signatures = {}
+for entry in readiness.ENTRY_KERNELS:
+    module, _, kernel = entry.partition(".")
+    found = readiness.cached_dispatchers(
+        importlib.import_module("portable_verify.backends.numba." + module))
+    signatures[entry] = len(found[kernel].signatures)
 try:
     os.waitpid(-1, os.WNOHANG)
     children = "some"
 except ChildProcessError:
     children = "none"
 print(json.dumps({"first": first, "after": after, "compiled": compiled, "ready": ready,
+                  "signatures": signatures,
                   "status": readiness.status(), "threads": threading.active_count(),
                   "children": children}))
 """
@@ -112,6 +121,17 @@ def test_numba_takes_over_and_nothing_is_left_running(cold: Any) -> None:
     assert out["after"]["kit"] == out["compiled"]["kit"]
     assert out["threads"] == 1  # the build thread ended
     assert out["children"] == "none"  # the build process was reaped
+
+
+def test_the_build_compiles_what_the_front_doors_call(cold: Any) -> None:
+    """The build subprocess (``python -m portable_verify.backends.numba.build``) calls each entry
+    kernel once, by itself; the front doors' calls after it (the README's, the kit's and a
+    ``warm_up``, which reaches every entry kernel) added no signature to the one it built and
+    this process loaded: a second signature would be a compile in a caller's thread (a build
+    passing ``check=0`` for ``False`` fails here)."""
+    out, _, _ = cold
+    assert out["signatures"] == {k: 1 for k in out["signatures"]}
+    assert len(out["signatures"]) == 5
 
 
 def test_a_cold_cache_is_announced_once(cold: Any) -> None:

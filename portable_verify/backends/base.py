@@ -1,31 +1,45 @@
-"""The one small protocol every backend implements.
+"""The one small protocol every backend implements, and what a backend declares at registration.
 
-A backend is one implementation of docs/semantics.md (numpy, numba, torch, Triton, OpenVINO),
+A backend is one implementation of docs/semantics.md (numpy, torch, numba, Triton, OpenVINO),
 made for one device: the registry name is the implementation and the device is an optional
-suffix (``"torch:cuda"``, ``"openvino:GPU"``). Backends never import one another; dispatch composes
-them (selection, array conversion, fallbacks).
+suffix (``"torch:cuda"``, ``"openvino:GPU"``). Backends never import one another; dispatch
+composes them (selection, array conversion, fallbacks, the stand-in while one warms).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 from portable_verify.core.methods import CHAIN, TREE
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyCall, VerifyInputs
 
+ENV_INTERIM = "PORTABLE_VERIFY_INTERIM"
+"""``0`` (or ``off``/``false``/``no``): no stand-in answers while a backend warms (a
+:class:`Warming` honours it); its first call then compiles in place."""
+
 
 @dataclass(frozen=True)
 class Availability:
-    """Whether a backend can run here, and the reason either way (shown by ``info``)."""
+    """Whether a backend can run here, and the reason either way (shown by ``info``).
+
+    ``broken``: it should run here but its factory raised (not a missing optional dependency):
+    ``auto`` never picks it, and its tests fail with ``reason`` instead of being left out.
+    """
 
     available: bool
     reason: str
+    broken: bool = False
 
     def __bool__(self) -> bool:
         return self.available
+
+    @property
+    def status(self) -> str:
+        """``available``, ``unavailable`` or ``broken``."""
+        return "available" if self.available else "broken" if self.broken else "unavailable"
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,34 @@ class BackendTraits:
         if layout not in self.layouts:
             return False
         return rule is None or rule in (self.tree_rules if layout == TREE else self.chain_rules)
+
+
+class Warming(Protocol):
+    """A backend whose first call on a cold cache would compile for a long time, declared at
+    registration (``register_backend(..., warming=...)``). Until it is ready, ``auto`` answers
+    from the next backend of its preference list (the same tokens) while its kernels build;
+    dispatch asks these before it imports the backend (docs/decisions.md, "The first call")."""
+
+    def installed(self) -> bool:
+        """Whether it could run here at all, told without importing it (cheap, repeated)."""
+
+    def ready(self) -> bool:
+        """True: take the backend now. False: answer from a stand-in; the first False starts
+        the build (asked only when a stand-in exists; :data:`ENV_INTERIM` ``0``: True)."""
+
+    def status(self) -> str:
+        """What the build is doing (``new``, ``building``, ``ready``, ``failed``...)."""
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for a build to end (tests, benchmarks); True when the backend is ready."""
+
+    def warmed(self) -> None:
+        """A warm-up reached every kernel in this process: ready from the next selection on,
+        and a later process may know it without importing the backend."""
+
+    def kernel_cache(self) -> dict[str, Any]:
+        """The compiled-kernel cache, read without compiling: ``state`` (``warm``,
+        ``partial``, ``cold``, ``unavailable`` or ``unknown``), ``detail`` and per kernel."""
 
 
 class ReadValueError(ValueError):

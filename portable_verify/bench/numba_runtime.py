@@ -14,11 +14,19 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from portable_verify.warmup import cached_dispatchers as _cached_dispatchers  # noqa: F401
-from portable_verify.warmup import kernel_cache as kernel_cache  # numba's index: one reader
+from portable_verify import dispatch
 
 THREADS_ENV = "PORTABLE_VERIFY_NUM_THREADS"
 """The variable that overrides the numba backend's thread count (else torch's)."""
+
+
+def kernel_cache() -> dict[str, Any]:
+    """numba's kernel cache as its registration's warming reads it (numba's index: one
+    reader), without compiling anything."""
+    warms = dispatch.warming_of("numba")
+    if warms is None:
+        return {"state": "unavailable", "detail": "no numba backend is registered", "kernels": {}}
+    return warms.kernel_cache()
 
 
 def threading() -> dict[str, Any]:

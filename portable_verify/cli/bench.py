@@ -181,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     from portable_verify.bench import output
     from portable_verify.bench.run import metadata, plan
     from portable_verify.bench.run import run as run_grid
-    from portable_verify.warmup import ENV_INTERIM
+    from portable_verify.dispatch import ENV_INTERIM
 
     try:
         config = _config(args)

@@ -33,7 +33,7 @@ def collect() -> dict[str, Any]:
         "machine": environment.machine(),
         "devices": environment.devices(),
         "auto_backend": {"cpu": select_backend("auto", "cpu").qualified_name},
-        "backends": {name: {"available": s.available, "reason": s.reason}
+        "backends": {name: {"available": s.available, "status": s.status, "reason": s.reason}
                      for name, s in status.items()},
         "versions": environment.library_versions(),
         "numba": {"kernel_cache": numba_runtime.kernel_cache(),
@@ -81,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     for col in ("backend", "available", "reason"):
         backends.add_column(col)
     for name, s in data["backends"].items():
-        ok = "[green]yes[/]" if s["available"] else "[red]no[/]"
+        ok = {"available": "[green]yes[/]", "broken": "[bold red]BROKEN[/]"}.get(
+            s["status"], "[red]no[/]")
         backends.add_row(name, ok, s["reason"])
     console.print(backends)
     console.print(_method_table(data["methods"]))

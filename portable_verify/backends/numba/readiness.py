@@ -6,8 +6,10 @@ answers from the next backend of its preference list (``torch:cpu``: the same to
 same counter-hash uniforms), and one build fills numba's disk cache in a subprocess (no compiler
 lock is held in this process, no GIL is shared with the caller), after which a thread loads the
 cached kernels here and dispatch switches to ``numba:cpu`` (docs/decisions.md, "The first
-call"). ``PORTABLE_VERIFY_INTERIM=0`` turns this off: the first call then compiles in the
-calling thread, as a server that wants the compiled kernel or nothing asks.
+call"). Dispatch's side of it is generic: :data:`WARMING` is what the numba backend declares
+at registration (``backends.base.Warming``). ``PORTABLE_VERIFY_INTERIM=0`` turns this off: the
+first call then compiles in the calling thread, as a server that wants the compiled kernel or
+nothing asks.
 
 Nothing here imports numba at module import, and the first look does not either where it
 can tell from a stamp file (:func:`stamp_warm`): dispatch asks before it builds the numba
@@ -31,11 +33,8 @@ import tempfile
 import threading
 from typing import Any
 
-from portable_verify.backends.base import BackendTraits
+from portable_verify.backends.base import ENV_INTERIM, BackendTraits
 from portable_verify.core import methods
-
-ENV_INTERIM = "PORTABLE_VERIFY_INTERIM"
-"""``0`` (or ``off``/``false``/``no``): no interim answers; the first call compiles in place."""
 
 KERNEL_MODULES = ("portable_verify.backends.numba.chain", "portable_verify.backends.numba.rows",
                   "portable_verify.backends.numba.block", "portable_verify.backends.numba.tree",
@@ -71,16 +70,14 @@ LOAD_AFTER_S = 0.5
 POLL_S = 0.2
 """How often the build thread looks at the subprocess and at the stop flag."""
 
-_BUILD = ("import os, sys; os.nice(10)\n"
-          "from portable_verify.warmup import build_cache\n"
-          "sys.exit(build_cache())\n")
-"""The subprocess: at a lower priority than the caller, whose interim calls run meanwhile."""
+BUILD_MODULE = f"{__package__}.build"
+"""The build subprocess's entry point (``python -m``; it lowers its own priority)."""
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), *[os.pardir] * 3))
+"""The folder that holds the ``portable_verify`` package (the subprocess's import path)."""
 
 READY = False
 """True once the kernels are loaded here, or the interim path is off: a plain read."""
-answers = 0
-"""How many selections answered from the stand-in: dispatch caches no selection made while
-this moved (an interim choice must not outlive the build)."""
 
 _LOCK = threading.Lock()  # the state below; never held while waiting for numba or a process
 _LOADING = threading.Lock()  # held around each in-process kernel load; fork waits for it
@@ -96,18 +93,12 @@ def interim_enabled() -> bool:
 def ready() -> bool:
     """True: ``auto`` may take ``numba:cpu`` now. False: answer from the stand-in (the build
     has been started, or cannot run here and said why once)."""
-    global answers
     if READY:
         return True
     with _LOCK:
-        if READY:
-            return True
-        if _state["status"] == "new":
+        if _state["status"] == "new" and not READY:
             _decide()
-        if READY:
-            return True
-        answers += 1
-        return False
+        return READY
 
 
 def _decide() -> None:
@@ -203,10 +194,9 @@ def _build(cold: bool, later: bool) -> None:
 def _run_builder() -> str | None:
     """Run the build subprocess to its end (None) or say why it failed; reaped here."""
     env = dict(os.environ, **{ENV_INTERIM: "0"})
-    root = os.path.dirname(os.path.dirname(importlib.import_module("portable_verify").__file__))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     with tempfile.TemporaryFile() as err:
-        process = subprocess.Popen([sys.executable, "-c", _BUILD], stdin=subprocess.DEVNULL,
+        process = subprocess.Popen([sys.executable, "-m", BUILD_MODULE], stdin=subprocess.DEVNULL,
                                    stdout=subprocess.DEVNULL, stderr=err, env=env,
                                    start_new_session=True)
         with _LOCK:
@@ -474,3 +464,26 @@ def kernel_cache() -> dict[str, Any]:
     return {"state": state, "numba": numba.__version__, "cache_dirs": sorted(where),
             "detail": f"{warm} of {len(kernels)} kernels cached for numba "
                       f"{numba.__version__} on this CPU", "kernels": kernels}
+
+
+def warmed() -> None:
+    """A warm-up through ``numba:cpu`` ran here: :func:`loaded`, and the stamp written so that
+    a later process knows it without importing numba."""
+    loaded()
+    write_stamp()
+
+
+class NumbaWarming:
+    """``numba:cpu``'s side of dispatch's warming protocol (``backends.base.Warming``): this
+    module's functions, declared at registration."""
+
+    installed = staticmethod(installed)
+    ready = staticmethod(ready)
+    status = staticmethod(status)
+    wait = staticmethod(wait)
+    warmed = staticmethod(warmed)
+    kernel_cache = staticmethod(kernel_cache)
+
+
+WARMING = NumbaWarming()
+"""What the numba backend declares as its warming (``register_backend(..., warming=...)``)."""
