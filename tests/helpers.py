@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -43,14 +44,16 @@ def contract_problem(result: Any, b: int, k: int, v: int) -> str | None:
 
 
 
-def tiny_llama(seed: int, vocab: int = 64, head_scale: float = 6.0) -> torch.nn.Module:
-    """A two-layer Llama with random weights (transformers must be installed); ``head_scale``
-    sharpens the logits so that greedy decisions are not decided by rounding."""
+def tiny_llama(seed: int, vocab: int = 64, head_scale: float = 6.0,
+               hidden: int = 32) -> torch.nn.Module:
+    """A two-layer Llama with random weights, 4 attention heads and 2 KV heads (transformers
+    must be installed); ``head_scale`` sharpens the logits so that greedy decisions are not
+    decided by rounding."""
     import transformers
 
     torch.manual_seed(seed)
     cfg = transformers.LlamaConfig(
-        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=None, pad_token_id=0,
     )
@@ -58,6 +61,31 @@ def tiny_llama(seed: int, vocab: int = 64, head_scale: float = 6.0) -> torch.nn.
     with torch.no_grad():
         model.lm_head.weight.mul_(head_scale)
     return model
+
+
+def tiny_llama_checkpoint(out: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A folder vLLM can serve: :func:`tiny_llama` over ``tokenizer_dir``'s vocabulary, with its
+    tokenizer files, written once (``out`` is reused when complete).
+
+    Why these sizes: vLLM's CPU attention takes head sizes from 32 up, so 4 heads of 32 (and 2
+    KV heads: tensor parallelism of 2 splits both); two layers keep a CPU step cheap.
+    """
+    import json
+    import shutil
+
+    marker = out / "tiny.ok"
+    if marker.exists():
+        return out
+    vocab = int(json.loads((tokenizer_dir / "config.json").read_text())["vocab_size"])
+    model = tiny_llama(seed, vocab=vocab, head_scale=8.0, hidden=128)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    for item in tokenizer_dir.iterdir():
+        if item.is_file() and (item.name.startswith(("tokenizer", "special_tokens"))
+                               or item.suffix in (".jinja",)):
+            shutil.copy2(item, out / item.name)
+    marker.write_text(f"tiny_llama seed {seed}, tokenizer of {tokenizer_dir.name}\n")
+    return out
 
 
 def perturbed(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:

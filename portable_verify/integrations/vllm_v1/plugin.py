@@ -26,6 +26,8 @@ plugins while it parses its arguments, so that is where a server stops). The cho
 once per process that registers it (the engine core and each worker; the API server registers it
 before vLLM sets up its logging, so its line is not shown), and each worker warms the kernels
 before its first step (:func:`portable_verify.warm_up`, logged with its time).
+``PORTABLE_VERIFY_VLLM_DIGESTS`` (a folder, unset by default) makes every rank that decides write
+a digest of each step's decision there (:mod:`.digests`), for tensor-parallel checks.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from dataclasses import dataclass
 from portable_verify.core import methods
 from portable_verify.core.types import DEFAULT_TYPICAL, TypicalParams, VerifyOptions
 from portable_verify.integrations.vllm_v1.constraints import install_empty_step_guard
+from portable_verify.integrations.vllm_v1.digests import ENV_DIGESTS, DigestRecorder
 from portable_verify.integrations.vllm_v1.expansion import install_checked_expansion
 from portable_verify.integrations.vllm_v1.sampler import make_rejection_sample, timed
 
@@ -173,6 +176,9 @@ def register() -> None:
         return  # registered before in this process: installed, warmed and logged then
     module.rejection_sample = make_rejection_sample(
         original, chosen_settings.backend, chosen_settings.options)
+    folder = os.environ.get(ENV_DIGESTS, "").strip()
+    if folder:  # tensor-parallel checks: each rank records what it decided (off by default)
+        module.rejection_sample = DigestRecorder(module.rejection_sample, folder)
     from portable_verify.integrations.vllm_v1.runner_v2 import install_v2_hook
 
     install_v2_hook(chosen_settings.backend, chosen_settings.options)
