@@ -379,7 +379,7 @@ def test_gpu_check_refuses_without_a_gpu_and_rehearses_on_cpu(tmp_path: Path,
         assert main(["gpu-check", "--out", str(tmp_path / "refused")]) == 2
         assert "no CUDA device" in capsys.readouterr().err
     rc = main(["gpu-check", "--dry-run", "--out", str(tmp_path), "--tests", "tests",
-               "--json", str(tmp_path / "copy.json")])
+               "--budget", "900", "--json", str(tmp_path / "copy.json")])
     data = json.loads((tmp_path / "gpu_check.json").read_text())
     sections = data["sections"]
     assert list(sections) == [name for name, _ in SECTION_SHARES]  # the issue's order
@@ -388,7 +388,7 @@ def test_gpu_check_refuses_without_a_gpu_and_rehearses_on_cpu(tmp_path: Path,
     env = sections["environment"]["result"]
     assert env["chains"]["small_v_all_exact"] and env["trees"]["small_v_all_exact"]
     assert sections["kit_quick"]["result"]["checks"]["PASS"] >= 2  # both backends, one check
-    assert sections["device_tests"]["result"]["returncode"] == 0
+    assert [r["returncode"] for r in sections["device_tests"]["result"]["runs"].values()] == [0]
     launches = sections["targets"]["result"]["launches"]["cells"]
     assert {c["door"] for c in launches} == {"padded", "ragged", "rows", "vllm_v1", "vllm_v2"}
     assert not [c for c in launches if "error" in c]  # every door ran on the interpreter
@@ -399,18 +399,25 @@ def test_gpu_check_refuses_without_a_gpu_and_rehearses_on_cpu(tmp_path: Path,
     assert out[-1].startswith(f"gpu-check: {ok} of {len(sections)} sections ok"), out
 
 
-def test_gpu_check_fails_a_section_whose_subprocess_fails(tmp_path: Path) -> None:
-    """Negative control: a subprocess that exits non-zero fails its section (the first GPU run
-    printed "7 of 8 sections ok" over a pytest exit status of 1)."""
+def test_gpu_check_fails_a_section_whose_subprocess_fails_or_is_cut(tmp_path: Path) -> None:
+    """Negative controls: a subprocess that exits non-zero, or runs past the section's time,
+    fails its section (the first GPU run printed "7 of 8 sections ok" over a pytest exit
+    status of 1); only the full kit, which takes what time is left, may be cut and pass."""
     from portable_verify.bench import gpu_check
 
     check = gpu_check.GpuCheck(out=tmp_path, budget_s=60, dry_run=True)
-    result = check.section("device_tests", 1.0, lambda: gpu_check._subprocess(
-        check, "fails", [sys.executable, "-c", "raise SystemExit(1)"]), lambda _: None)
-    assert result["ok"] is False and result["result"]["failures"] == ["fails exited 1"]
-    passed = check.section("device_tests", 1.0, lambda: gpu_check._subprocess(
-        check, "passes", [sys.executable, "-c", "pass"]), lambda _: None)
-    assert passed["ok"] is True
+
+    def section(cmd: str, share: float = 1.0, cut_fails: bool = True) -> dict:
+        return check.section("device_tests", share, lambda: gpu_check._subprocesses(
+            check, {"a": [sys.executable, "-c", "pass"], "b": [sys.executable, "-c", cmd]},
+            cut_fails=cut_fails), lambda _: None)
+
+    failed = section("raise SystemExit(1)")
+    assert failed["ok"] is False and failed["result"]["failures"] == ["b exited 1"]
+    assert section("pass")["ok"] is True
+    cut = section("import time; time.sleep(60)", share=12 / 60)
+    assert cut["ok"] is False and cut["result"]["failures"] == ["b cut after 12 s"]
+    assert section("import time; time.sleep(60)", share=12 / 60, cut_fails=False)["ok"] is True
 
 
 def _synthetic_cells() -> list[dict]:

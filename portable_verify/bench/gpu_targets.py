@@ -35,6 +35,9 @@ OVERHEAD_US = 5.0  # the "+ 5 us" every device-time bound allows
 FOUNDING = (1, 2, 32000)
 LAUNCH_SHAPE = (4, 3, 32000)
 DRY_SHAPE = (2, 2, 64)
+RNG_KERNEL = "distribution"
+"""torch's random-number kernels: an unseeded call's one ``torch.randint`` (and vLLM's
+per-request generators' draws) are counted apart from the launches (issue 38, item 1)."""
 LAUNCH_BOUND = {"greedy": 2, "rejection": 2, "typical": 3, "block": 3}
 """Kernel launches allowed per chain call (issue 38, item 1; typical and block may take a third,
 justified in docs/backends.md)."""
@@ -106,9 +109,9 @@ def launches(fn: Callable[[], Any]) -> dict[str, Any]:
              if e.device_type == torch.autograd.DeviceType.CUDA]
     counts: dict[str, int] = {}
     for name in names:
-        short = name.split("(")[0][:60]
-        counts[short] = counts.get(short, 0) + 1
-    return {"launches": len(names), "by_name": counts}
+        counts[name[:120]] = counts.get(name[:120], 0) + 1
+    draws = sum(n for name, n in counts.items() if RNG_KERNEL in name)
+    return {"launches": len(names) - draws, "rng_draws": draws, "by_name": counts}
 
 
 def sync_free(fn: Callable[[], Any]) -> str | None:
@@ -155,16 +158,18 @@ def door_calls(shape: tuple[int, int, int], method: str, device: torch.device, b
     counts = torch.full((b,), k, dtype=torch.int64, device=device)
     flat = logits.reshape(b * (k + 1), v)
     rows = torch.arange(b * (k + 1), device=device).reshape(b, k + 1)
+    q_rows = torch.arange(b * k, device=device).reshape(b, k)
     options = VerifyOptions("greedy" if greedy else method)
     calls: dict[str, Callable[[], Any]] = {
         "padded": lambda: pv.verify(drafts, target_logits=logits, draft_probs=q, **common),
-        "ragged": lambda: pv.verify_ragged(
+        "ragged": lambda: pv.verify_ragged(  # K given: no device read to find it
             drafts.reshape(-1), num_draft_tokens=counts, target_logits=flat,
+            max_num_draft_tokens=k,
             draft_probs=None if q is None else q.reshape(b * k, v), **common),
         "rows": lambda: pv.verify_rows(
             drafts, target_rows=rows, target_logits=flat, num_draft_tokens=counts,
             draft_probs=None if q is None else q.reshape(b * k, v),
-            draft_rows=None if q is None else torch.arange(b * k, device=device).reshape(b, k),
+            draft_rows=None if q is None else q_rows,
             options=options, temperature=temp, seed=seeds, backend=backend,
             validate=validate),
     }
