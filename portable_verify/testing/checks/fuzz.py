@@ -481,7 +481,10 @@ def ragged_extremes_child(backend: str, start: int, progress: str) -> int:
     ``progress`` (a ``{"start": i}`` line first, so a crash names its probe)."""
     import resource
 
-    resource.setrlimit(resource.RLIMIT_AS, (CHILD_ADDRESS_SPACE, CHILD_ADDRESS_SPACE))
+    # Host backends only: a GPU runtime reserves more address space than the cap, and a bogus
+    # size there fails as a device allocation instead of exhausting RAM.
+    if torch_device(backend).type == "cpu":
+        resource.setrlimit(resource.RLIMIT_AS, (CHILD_ADDRESS_SPACE, CHILD_ADDRESS_SPACE))
     signal.signal(signal.SIGALRM, _on_alarm)
     probes = ragged_probes()
     with open(progress, "a", encoding="utf-8", buffering=1) as f:
