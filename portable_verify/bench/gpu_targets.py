@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import statistics
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -196,6 +197,24 @@ def seam_step(shape: tuple[int, int, int], mode: str, device: torch.device,
                                  device=device)
 
 
+def mode_of(step: tuple[tuple, Any], mode: str) -> tuple[tuple, Any]:
+    """One step's arguments (drawn with draft probabilities) in another mode of
+    :data:`SEAM_MODES` or ``"mixed"``: the same logits and drafts, the metadata and ``q`` of
+    that mode (as :func:`vllm_seam.step_inputs` would set them)."""
+    args, md = step
+    q = args[4] if mode == "sampled with draft probs" else None
+    b = len(args[1])
+    temperature = None
+    if mode != "all greedy":
+        temperature = torch.full((b,), 0.8, device=args[5].device)
+        if mode == "mixed":
+            temperature[::2] = 0.0
+    metadata = types.SimpleNamespace(**{**vars(md), "temperature": temperature,
+                                        "all_greedy": mode == "all greedy",
+                                        "all_random": mode not in ("all greedy", "mixed")})
+    return (*args[:4], q, *args[5:]), metadata
+
+
 # ---------------------------------------------------------------- the target sections
 
 
@@ -262,18 +281,19 @@ def seam_targets(device: torch.device, backend: str, dry_run: bool,
     cells: list[dict[str, Any]] = []
     plan = (((DRY_SHAPE, (*SEAM_MODES, "mixed")),) if dry_run else SEAM_CELLS)
     for shape, modes in plan:
+        every = seam_step(shape, "all sampled", device, with_q=True)  # one draw per shape
         for mode in modes:
             if left() < 5:
                 cells.append({"shape": shape, "mode": mode, "cut": "section budget spent"})
                 continue
-            args, md = seam_step(shape, mode, device)
+            args, md = mode_of(every, mode)
             fns = {"plugin": lambda a=args, m=md: verify_spec_decode_step(*a, m,
                                                                           backend=backend),
                    "contender": lambda a=args, m=md: theirs(*a, m)}
             cell: dict[str, Any] = {"B": shape[0], "K": shape[1], "V": shape[2], "mode": mode}
             try:
                 timed = eager_us(fns, device, min_reps=5 if dry_run else MIN_REPS,
-                                 budget_s=0.05 if dry_run else 0.25)
+                                 budget_s=0.05 if dry_run else 0.15)
                 cell.update(timed)
                 cell["contender_over_plugin"] = round(
                     timed["contender"]["median_us"] / timed["plugin"]["median_us"], 3)
@@ -291,6 +311,7 @@ def seam_targets(device: torch.device, backend: str, dry_run: bool,
                 cell["error"] = f"{type(exc).__name__}: {exc}"[:400]
             cells.append(cell)
             del args, md
+        del every
     measured = [c for c in cells if "contender_over_plugin" in c]
     calibrated = [c for c in measured if "contender_over_vllm" in c]
     in_band = bool(calibrated) and all(abs(c["contender_over_vllm"] - 1) <= CALIBRATION_BAND
