@@ -21,7 +21,7 @@ from portable_verify.core.types import (
     TypicalParams,
 )
 
-DENSE_METHODS = ("greedy", "rejection", "typical")
+DENSE_METHODS = ("greedy", "rejection", "typical")  # narrower: a plain loop of token-wise rules
 
 
 def _temperatures(temperature: float | torch.Tensor | None, method: str, b: int,

@@ -116,7 +116,7 @@ def exactness(check: GpuCheck) -> dict[str, Any]:
     shapes = DRY_EXACT_SHAPES if check.dry_run else EXACT_SHAPES
     seed = 20260601
     for b, k, v in shapes:
-        for method in ("greedy", "rejection", "typical", "block"):
+        for method in pv.core.methods.distinct("chain"):
             for form in ("logits", "probs", "logits+q", "probs+q"):
                 if check.left() < 200:
                     return {"rows": rows, "stopped_early": True}

@@ -23,7 +23,8 @@ DRY_TREE_EXACT_SHAPES = ((3, 6, 37),)
 TREE_BENCH_SHAPES = ((1, 8, 32000), (8, 32, 32000), (64, 32, 32000), (8, 64, 128256),
                      (64, 8, 128256))
 DRY_TREE_BENCH_SHAPES = ((2, 4, 64),)
-MODES_AND_METHODS = (("deterministic", "greedy"), ("deterministic", "rejection"),
+MODES_AND_METHODS = (  # narrower: typical walks deterministic children only
+    ("deterministic", "greedy"), ("deterministic", "rejection"),
                      ("deterministic", "typical"), ("iid", "rejection"),
                      ("without_replacement", "rejection"), ("iid", "traversal"),
                      ("without_replacement", "traversal"))

@@ -187,7 +187,7 @@ class E2EConfig:
         if len(set(shapes)) != len(shapes):
             raise ValueError(f"each tree runs once: --tree lists one shape twice, got "
                              f"{','.join(self.trees)}")
-        if self.method not in ("greedy", "rejection", "traversal"):
+        if self.method not in ("greedy", "rejection", "traversal"):  # narrower: TREE_METHODS
             raise ValueError("--tree runs with method greedy, rejection or traversal; got "
                              f"method {self.method}")
         if self.batch != 1 and self.runtime != "openvino":

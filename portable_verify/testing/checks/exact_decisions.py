@@ -122,7 +122,7 @@ def mixed_greedy_rows(backend: str, quick: bool) -> CheckResult:
                         draft_probs=i % 4 < 2, ragged=i % 5 < 3)
         kwargs = build_case(spec)
         greedy = host(kwargs["temperature"]) == 0
-        for method in ("rejection", "typical"):
+        for method in ("rejection", "typical"):  # narrower: block's: block_verification
             mixed = compare(tally, backend, spec.label, kwargs, method)
             if not greedy.any() or tally.failures:
                 continue
