@@ -214,7 +214,7 @@ def randomness(call: VerifyCall | TreeCall, b: int, columns: int, device: torch.
     """``(temperatures [B], all_greedy, none_greedy, uniforms [B, columns] or None)`` of a call
     of either layout: the caller's uniforms, else the counter-hash streams of its seeds and
     offsets (docs/semantics.md, "Randomness")."""
-    if call.options.method == "greedy":
+    if call.options.sampled_method is None:  # every row greedy (the table's rule: none)
         return torch.zeros(b, dtype=torch.float32, device=device), True, False, None
     temps, all_greedy, none_greedy = arguments.temperatures(
         call.temperature, b, device, has_probs=call.target_name == "target_probs",

@@ -487,7 +487,7 @@ def _spine_lines(rows: list[dict[str, Any]], tree: str) -> list[str]:
     for members in groups.values():
         by = {(r["tree_rule"], r["chain_rule"]): r for r in members}
         parts = [f"{name} {_short_interval(by[key]['gain_same_steps'])}"
-                 for key, name in ((("rejection", "rejection"), "rej-rej"),
+                 for key, name in ((("rejection", "rejection"), "rej-rej"),  # narrower: pairs
                                    (("traversal", "block"), "trav-block")) if key in by]
         if parts:
             lines.append(f"tree {tree} - spine chain, n={members[0]['trials']}: "

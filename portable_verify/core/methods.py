@@ -94,6 +94,12 @@ def sampled(layout: str | None = None) -> tuple[str, ...]:
     return tuple(m for m in distinct(layout) if TABLE[m].rule is not None)
 
 
+def greedy_only(name: str) -> bool:
+    """Whether method ``name`` takes every row greedy (its table row has no sampled rule)."""
+    method = TABLE.get(name)
+    return method is not None and method.rule is None
+
+
 def reads_draft_probs(rule: str | None) -> bool:
     """Whether rows of ``rule`` (a rule is named by its own method's row) read
     ``draft_probs``: a backend that routes by it gives a rule that ignores them none."""

@@ -54,7 +54,7 @@ def _block(backend: Any, inputs: VerifyInputs, arrays: dict[str, np.ndarray]
 CHAIN_RULES: dict[str, Runner] = {"rejection": _token_wise, "typical": _token_wise,
                                   "block": _block}
 """The chain rules and what runs each: the family's chain table (its keys are its traits)."""
-TREE_RULES = ("rejection", "typical", "traversal")
+TREE_RULES = ("rejection", "typical", "traversal")  # narrower: the family's tree rules
 """The tree rules: ``tree.WALKS``' keys (``tests/test_openvino.py`` holds them equal; the
 walks import openvino, which declaring the traits must not)."""
 

@@ -291,7 +291,7 @@ def _probes() -> list[tuple[str, dict[str, Any]]]:
     for i, spec in enumerate([CaseSpec(2, 2, 5, 11, draft_probs=True, ragged=True),
                               CaseSpec(2, 3, 6, 12, target="probs", temperature="vector"),
                               CaseSpec(1, 1, 4, 13, ties=True)]):
-        method = ("auto", "typical", "greedy")[i]
+        method = ("auto", "typical", "greedy")[i]  # narrower: one of each kind
         out.append((method, build_case(spec)))
     return out
 

@@ -71,7 +71,7 @@ def workload() -> list[tuple[str, dict[str, Any], str]]:
         kwargs["seed"] = 1234
         if label.startswith("ragged"):
             kwargs = to_ragged(kwargs)
-        for method in ("greedy", "auto", "typical"):
+        for method in ("greedy", "auto", "typical"):  # narrower: one of each kind of rule
             work.append((label, kwargs, method))
     return work
 
