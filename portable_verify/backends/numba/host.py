@@ -40,7 +40,7 @@ machine (docs/benchmarks.md, "Threads at serving scale" and "numba family")."""
 
 ENV_THREADS = "PORTABLE_VERIFY_NUM_THREADS"
 
-NO_TYPICAL = (0.0, 0.0)
+NO_TYPICAL = (0.0,) * len(DEFAULT_TYPICAL.kernel_scalars())
 """The record's typical fields (``TypicalParams.kernel_scalars()``'s) in another rule's call."""
 
 
