@@ -117,10 +117,10 @@ def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np
 
 def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
                   drafts: np.ndarray | torch.Tensor, counts: np.ndarray, bonus: np.ndarray,
-                  check: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
-    """:func:`decide_arrays` for a padded call whose every row is greedy; ``target`` is
-    ``[B, K+1, V]``. ``target`` and ``drafts`` may also be contiguous CPU tensors of the
-    right dtype (read in place)."""
+                  check: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`_decide` for a padded call whose every row is greedy (the last item is the
+    kernel's flag); ``target`` is ``[B, K+1, V]``. ``target`` and ``drafts`` may also be
+    contiguous CPU tensors of the right dtype (read in place)."""
     b, k = drafts.shape
     v = target.shape[-1]
     r = b * (k + 1)
@@ -133,7 +133,7 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
         before = (host_array(target, np.float32).reshape(r, v), host_array(drafts, np.int64),
                   counts, bonus, is_logits, check)
         error = run_split(kernels.greedy, b, threads, before, (outs,))
-    return (*outs, error == 0)
+    return (*outs, error)
 
 
 _AVAILABILITY = (
