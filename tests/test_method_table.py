@@ -4,6 +4,7 @@ switch (never run as another method)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -158,3 +159,47 @@ def test_built_in_methods_cannot_be_removed_or_registered_twice() -> None:
         methods.unregister("rejection")
     with pytest.raises(ValueError, match="already"):
         methods.register(methods.TABLE["block"])
+
+
+def test_a_rule_declared_without_an_implementation_fails_loudly_numba(
+        fake_method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A code in numba's rule table that the entry kernels have no branch for: each entry
+    kernel flags it and the host names the rule, on the plain host call, the general path and
+    the tree walk (never rejection sampling under the new name)."""
+    if not pv.get_backend("numba").availability().available:
+        pytest.skip("numba is not installed")
+    from portable_verify.backends.numba import backend as numba_backend
+    from portable_verify.backends.numba import rules
+
+    monkeypatch.setitem(rules.CHAIN, fake_method, 99)
+    monkeypatch.setitem(rules.TREE, fake_method, 99)
+    chosen = pv.get_backend("numba")
+    with pytest.raises(NotImplementedError, match=fake_method):
+        chosen.run(_chain_inputs(fake_method))
+    with pytest.raises(NotImplementedError, match=fake_method):
+        chosen.run_tree(_tree_inputs(fake_method))
+    traits = numba_backend.NumbaBackend.traits
+    monkeypatch.setattr(numba_backend.NumbaBackend, "traits",
+                        dataclasses.replace(traits, chain_rules=tuple(rules.CHAIN)))
+    call = _door_calls(fake_method, "numba")["verify"]
+    with pytest.raises(NotImplementedError, match=fake_method):
+        call["fn"](*call["args"], **call["kwargs"])
+
+
+def test_a_rule_declared_without_an_implementation_fails_loudly_openvino(
+        fake_method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """OpenVINO's tables: a chain rule routed to the token-wise graphs without a graph builder
+    (``chain_graphs.SAMPLED``), a tree rule declared without a walk (``tree.WALKS``)."""
+    if not pv.get_backend("openvino").availability().available:
+        pytest.skip("openvino is not installed")
+    from portable_verify.backends.openvino import backend as ov_backend
+    from portable_verify.backends.openvino import tree as ov_tree
+
+    assert tuple(ov_tree.WALKS) == ov_backend.TREE_RULES  # declared = implemented
+    monkeypatch.setitem(ov_backend.CHAIN_RULES, fake_method, ov_backend._token_wise)
+    monkeypatch.setattr(ov_backend, "TREE_RULES", (*ov_backend.TREE_RULES, fake_method))
+    chosen = pv.get_backend("openvino")
+    with pytest.raises(NotImplementedError, match=fake_method):
+        chosen.run(_own(chosen, _chain_inputs(fake_method)))
+    with pytest.raises(NotImplementedError, match=fake_method):
+        chosen.run_tree(_own(chosen, _tree_inputs(fake_method)))

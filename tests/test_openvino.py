@@ -192,9 +192,9 @@ def test_compiled_models_are_cached_across_shapes() -> None:
         pv.verify(rng.integers(0, v, (b, k)), target_logits=logits, method="greedy",
                   backend=BACKEND)
         if (b, k, v) == (2, 3, 11):
-            first = backend.compiled_model(Variant("greedy"))
-    assert backend.compiled_model(Variant("greedy")) is first
-    assert sum(isinstance(key, Variant) and key.kind == "greedy" for key in backend._compiled) == 1
+            first = backend.compiled_model(Variant())
+    assert backend.compiled_model(Variant()) is first
+    assert sum(isinstance(key, Variant) and key.kind is None for key in backend._compiled) == 1
 
 
 def test_block_and_tree_graphs_compile_once_across_shapes() -> None:
@@ -240,7 +240,7 @@ def test_thread_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     ``portable-verify info`` still lists every backend."""
     monkeypatch.setenv("PORTABLE_VERIFY_OPENVINO_THREADS", "1")
     backend = OpenVINOBackend()
-    assert backend.compiled_model(Variant("greedy")).get_property("INFERENCE_NUM_THREADS") == 1
+    assert backend.compiled_model(Variant()).get_property("INFERENCE_NUM_THREADS") == 1
     monkeypatch.setenv("PORTABLE_VERIFY_OPENVINO_THREADS", "two")
     status = OpenVINOBackend().availability()
     assert not status.available and "PORTABLE_VERIFY_OPENVINO_THREADS" in status.reason
@@ -251,7 +251,7 @@ def test_thread_setting(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_inference_precision_is_f32() -> None:
     import openvino as ov
 
-    compiled = get_backend(BACKEND).compiled_model(Variant("greedy"))
+    compiled = get_backend(BACKEND).compiled_model(Variant())
     assert compiled.get_property("INFERENCE_PRECISION_HINT") == ov.Type.f32
 
 

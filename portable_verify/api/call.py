@@ -110,10 +110,10 @@ def _decide_inputs(call: VerifyCall, backend: Backend) -> VerifyResult:
     temps, all_greedy, none_greedy, u = randomness(call, b, k + 1, device)
     bonus = _bonus_argument(call.bonus, b, device, call.validate)
     # The default level rides on the passes of a backend that checks what it reads; "full"
-    # (and any other backend) scans every row here first. Block verification's backward scan
-    # reads a data-dependent set of rows: it is checked here too (docs/semantics.md).
+    # (and any other backend) scans every row here first. A method whose rows read depend on the
+    # data (block's backward scan) is checked here too (docs/semantics.md).
     rides = (call.validate is True and backend.traits.checks_what_it_reads
-             and call.rule != "block")
+             and not methods.reads_rows_by_data(call.rule))
     if call.validate:
         _check_values(call, counts, temps, u if explicit_u is not None else None, bonus,
                       scan_rows=not rides)
@@ -214,7 +214,7 @@ def randomness(call: VerifyCall | TreeCall, b: int, columns: int, device: torch.
     """``(temperatures [B], all_greedy, none_greedy, uniforms [B, columns] or None)`` of a call
     of either layout: the caller's uniforms, else the counter-hash streams of its seeds and
     offsets (docs/semantics.md, "Randomness")."""
-    if call.options.method == "greedy":
+    if call.options.sampled_method is None:  # every row greedy (the table's rule: none)
         return torch.zeros(b, dtype=torch.float32, device=device), True, False, None
     temps, all_greedy, none_greedy = arguments.temperatures(
         call.temperature, b, device, has_probs=call.target_name == "target_probs",

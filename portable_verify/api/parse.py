@@ -70,7 +70,7 @@ def read_options(method: Any, typical_eps: Any, typical_alpha: Any, options: Any
         if layout not in methods.TABLE[value.method].layouts:
             methods.lookup(value.method, layout)  # raises, naming the method that serves it
         return value
-    if (method == "auto" and typical_eps is DEFAULT_TYPICAL.eps
+    if (method == DEFAULT_OPTIONS.method and typical_eps is DEFAULT_TYPICAL.eps
             and typical_alpha is DEFAULT_TYPICAL.alpha):
         return DEFAULT_OPTIONS
     try:  # types in the key: True == 1 and hash alike, but only 1 is a valid typical_eps
@@ -693,7 +693,7 @@ def parse_tree(node_token_ids: ArrayLike, parents: ArrayLike, target_logits: Arr
 
 def _children_mode(children: str, q: torch.Tensor | None) -> Children:
     """``children`` resolved against ``draft_probs``; a mismatch names both arguments."""
-    if children == "auto":
+    if children == "auto":  # not a method: the children mode
         return "deterministic" if q is None else "iid"
     if children == "deterministic" and q is not None:
         raise ValueError("children='deterministic' reads no draft_probs: pass draft_probs=None, "

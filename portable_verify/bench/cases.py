@@ -40,14 +40,14 @@ class Variant:
     @property
     def temperature(self) -> float | None:
         """Sampled methods on logits use a non-trivial temperature (the costly path)."""
-        if self.method == "greedy":
+        if methods.greedy_only(self.method):
             return 0.0
         return SAMPLING_TEMPERATURE if self.inputs == "logits" else None
 
 
 VARIANTS: tuple[Variant, ...] = tuple(
     Variant(name, inputs)
-    for name in methods.names(methods.CHAIN) if name != "auto"  # auto is rejection
+    for name in methods.distinct(methods.CHAIN)  # auto is rejection
     for inputs in (("logits", "probs") if methods.TABLE[name].draft_probs == "uses"
                    else ("logits",)))
 """Every chain method of the method table, from logits, and from probabilities (with the
@@ -68,7 +68,7 @@ class CaseInputs:
         """Keyword arguments shared by ``verify`` and ``dense_verify`` for this variant."""
         key = "target_logits" if variant.inputs == "logits" else "target_probs"
         kw: dict = {key: self.target, "method": variant.method}
-        if variant.inputs == "probs" or variant.method == "block":
+        if variant.inputs == "probs" or variant.method in OWN_INPUTS:
             kw["draft_probs"] = self.draft_probs
         if variant.inputs == "logits":
             kw["temperature"] = variant.temperature
@@ -81,8 +81,9 @@ def make_inputs(shape: Shape, variant: Variant, dtype: torch.dtype, device: torc
     b, k, v = shape
     g = torch.Generator().manual_seed(seed)
     logits = torch.randn(b, k + 1, v, generator=g) * 3
-    if variant.method == "block":
-        return _block_inputs(logits, variant, dtype, device, g)
+    own = OWN_INPUTS.get(variant.method)
+    if own is not None:
+        return own(logits, variant, dtype, device, g)
     drafts = logits[:, :k].argmax(-1)
     noise = torch.rand(b, k, generator=g) < DRAFT_CORRUPTION
     drafts = torch.where(noise, torch.randint(0, v, (b, k), generator=g), drafts)
@@ -147,3 +148,8 @@ def parse_shapes(text: str) -> tuple[Shape, ...]:
     if not shapes:
         raise ValueError("--shapes: no shape given")
     return tuple(shapes)
+
+
+OWN_INPUTS = {"block": _block_inputs}
+"""Methods timed on inputs of their own, with ``draft_probs`` (block: drafts drawn from a draft
+distribution, so that its acceptance is a real one)."""

@@ -14,20 +14,18 @@ from __future__ import annotations
 
 import torch
 
-from portable_verify.core import arguments
+from portable_verify.core import arguments, methods
 from portable_verify.core.types import (
     DEFAULT_TYPICAL,
     PLACEHOLDER_TOKEN_ID,
     TypicalParams,
 )
 
-DENSE_METHODS = ("greedy", "rejection", "typical")
-
 
 def _temperatures(temperature: float | torch.Tensor | None, method: str, b: int,
                   device: torch.device) -> torch.Tensor:
     """float32 ``[B]``; 0 marks a greedy row (the front door's normaliser, unchecked)."""
-    if method == "greedy":
+    if methods.greedy_only(method):
         return torch.zeros(b, device=device)
     return arguments.temperatures(temperature, b, device, validate=False)[0]
 
@@ -91,19 +89,28 @@ def dense_verify(
     b, k = drafts.shape
     temps = _temperatures(temperature, method, b, target.device)
     p = _target_probs(target, target_logits is not None, temps)  # [B, K+1, V]
-    v = p.shape[-1]
     x = drafts.unsqueeze(-1)
     px = p[:, :k].gather(-1, x).squeeze(-1)  # [B, K]
+    return _RULES[method](drafts, p, px, temps, draft_probs, typical, generator)
 
-    if method == "typical":
-        entropy = -torch.xlogy(p, p).sum(-1)  # [B, K+1]: every row, used or not
-        accept = px > typical.threshold(entropy[:, :k], torch)
-        final = p.argmax(-1)  # recovered token at every position
-        bonus = _exponential_race(p[:, k], generator)  # a fully sampled bonus for every row
-        final[:, k] = bonus
-        return _emit(drafts, accept, final)
 
-    # Rejection: one-hot draft distributions when the draft is deterministic (or greedy rows).
+def _typical(drafts: torch.Tensor, p: torch.Tensor, px: torch.Tensor, temps: torch.Tensor,
+             draft_probs: torch.Tensor | None, typical: TypicalParams,
+             generator: torch.Generator | None) -> torch.Tensor:
+    k = drafts.shape[1]
+    entropy = -torch.xlogy(p, p).sum(-1)  # [B, K+1]: every row, used or not
+    accept = px > typical.threshold(entropy[:, :k], torch)
+    final = p.argmax(-1)  # recovered token at every position
+    bonus = _exponential_race(p[:, k], generator)  # a fully sampled bonus for every row
+    final[:, k] = bonus
+    return _emit(drafts, accept, final)
+
+
+def _rejection(drafts: torch.Tensor, p: torch.Tensor, px: torch.Tensor, temps: torch.Tensor,
+               draft_probs: torch.Tensor | None, typical: TypicalParams,
+               generator: torch.Generator | None) -> torch.Tensor:
+    """One-hot draft distributions when the draft is deterministic (or greedy rows)."""
+    (b, k), v, x = drafts.shape, p.shape[-1], drafts.unsqueeze(-1)
     one_hot_q = torch.zeros(b, k, v, device=p.device).scatter_(-1, x, 1.0)
     if draft_probs is None:
         q = one_hot_q
@@ -119,3 +126,8 @@ def dense_verify(
     recovered = _exponential_race(residual, generator)  # B*K*V exponentials
     bonus = _exponential_race(p[:, k], generator)
     return _emit(drafts, accept, torch.cat([recovered, bonus.unsqueeze(1)], dim=1))
+
+
+_RULES = {"greedy": _rejection, "rejection": _rejection, "typical": _typical}
+"""The dense loop's rules (greedy rows: rejection's one-hot path at temperature 0)."""
+DENSE_METHODS = tuple(_RULES)

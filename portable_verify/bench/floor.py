@@ -19,6 +19,7 @@ import torch
 
 from portable_verify.bench.cases import CaseInputs, Variant
 from portable_verify.bench.harness import synchronize
+from portable_verify.core import methods
 
 
 def must_read(inputs: CaseInputs, variant: Variant) -> list[torch.Tensor]:
@@ -29,7 +30,9 @@ def must_read(inputs: CaseInputs, variant: Variant) -> list[torch.Tensor]:
     one draft row per request: ``B*V`` elements of each.
     """
     target = inputs.target.reshape(-1)
-    if variant.method == "rejection" and variant.inputs == "probs":
+    rule = variant.method  # a token-wise rule reading draft_probs: rejection
+    if (variant.inputs == "probs" and methods.reads_draft_probs(rule)
+            and not methods.reads_rows_by_data(rule)):
         b, v = inputs.target.shape[0], inputs.target.shape[-1]
         parts = [target[: b * v]]
         if inputs.draft_probs is not None and inputs.draft_probs.numel():

@@ -168,7 +168,7 @@ def exactness(check: GpuCheck) -> dict[str, Any]:
     errors: list[str] = []
     seed = 20260601
     for b, k, v in DRY_EXACT_SHAPES if check.dry_run else EXACT_SHAPES:
-        for method in methods.names(methods.CHAIN):
+        for method in methods.distinct(methods.CHAIN):
             for form in INPUT_FORMS:
                 if check.left() < 3:
                     return _exactness_summary(check, rows, errors, stopped_early=True)
@@ -257,7 +257,8 @@ def _graph_check(check: GpuCheck) -> dict[str, Any]:
     results: dict[str, Any] = {}
     traits = pv.get_backend(check.kernels).traits
     for variant in VARIANTS:
-        if variant.method != "greedy" and not traits.implements("chain", variant.method):
+        if not methods.greedy_only(variant.method) and not traits.implements("chain",
+                                                                       variant.method):
             continue
         try:
             results[variant.label] = _graph_replay_matches(check, variant)

@@ -27,6 +27,7 @@ import torch
 import portable_verify as pv
 from portable_verify.bench import floor, harness, vllm_seam
 from portable_verify.bench.cases import Variant, make_inputs
+from portable_verify.core import methods
 from portable_verify.core.types import VerifyOptions
 
 MIN_REPS = 15
@@ -149,10 +150,10 @@ def door_calls(shape: tuple[int, int, int], method: str, device: torch.device, b
     drafts = torch.where(hit, logits[:, :k].cpu().argmax(-1),
                          torch.randint(0, v, (b, k), generator=g)).to(device)
     seeds = torch.arange(b, dtype=torch.int64, device=device) + 11
-    greedy = method == "greedy"
+    greedy = methods.greedy_only(method)
     temp = torch.full((b,), 0.0 if greedy else 0.8, device=device)
     q = None
-    if method == "block":
+    if methods.reads_rows_by_data(method):  # block: its gain needs the draft's distribution
         q = torch.softmax(torch.randn(b, k, v, generator=g), -1).to(device)
     sampled = {} if greedy else {"method": method}
     common = dict(temperature=temp, seed=seeds, backend=backend, validate=validate, **sampled)
@@ -178,7 +179,7 @@ def door_calls(shape: tuple[int, int, int], method: str, device: torch.device, b
                          with_q=q is not None)
     calls["vllm_v1"] = lambda: verify_spec_decode_step(*step, md, backend=backend,
                                                        options=options)
-    if method in ("greedy", "rejection"):  # the V2 runner's seam takes no draft probs
+    if q is None:  # the V2 runner's seam takes no draft probs
         cu = torch.arange(b + 1, device=device, dtype=torch.int32) * (k + 1)
         draft_sampled = torch.cat([torch.zeros(b, 1, dtype=torch.int64, device=device), drafts],
                                   1).reshape(-1)
@@ -367,7 +368,7 @@ def device_time_targets(device: torch.device, backend: str, dry_run: bool,
                                     "floor_us": round(floor_us, 2)}
             try:
                 cell["device"] = graph_device_us(call, device)
-                if variant.method == "greedy":
+                if methods.greedy_only(variant.method):
                     rows = inputs.target
                     cell["argmax"] = graph_device_us(lambda r=rows: torch.argmax(r, -1), device)
             except Exception as exc:
@@ -431,7 +432,7 @@ def tree_targets(device: torch.device, backend: str, dry_run: bool,
         most = max(c["launches"] for c in measured)
         targets.append(target("tree launches per call", most, "<= 2", most <= 2))
     for c in measured:
-        if tuple(c["shape"]) == (1, 8, 32000) and c["method"] == "greedy":
+        if tuple(c["shape"]) == (1, 8, 32000) and methods.greedy_only(c["method"]):
             us = c["eager"]["median_us"]
             targets.append(target("tree (1,8,32000) greedy eager", f"{us} us", "<= 50 us",
                                   us <= 50))

@@ -46,10 +46,16 @@ def hf_status() -> PeerStatus:
     return PeerStatus(name, True, f"transformers {transformers.__version__}, batch 1 only")
 
 
+HF_METHODS = frozenset({"rejection"})
+"""What HF's ``_speculative_sampling`` implements."""
+VLLM_V0_METHODS = frozenset({"typical"})
+"""What vLLM v0's typical-acceptance sampler implements."""
+
+
 def hf_callable(inputs: CaseInputs, variant: Variant) -> Callable[[], object] | None:
     """A zero-argument call of HF's verifier on this cell, or None where it does not apply."""
     b, k = inputs.drafts.shape
-    if variant.method != "rejection" or b != 1 or k == 0:
+    if variant.method not in HF_METHODS or b != 1 or k == 0:
         return None
     from transformers.generation.utils import _speculative_sampling
 
@@ -129,7 +135,7 @@ def vllm_v0_typical_callable(inputs: CaseInputs, variant: Variant, eps: float,
     position, and no residual rows; the bonus token is the engine's own draw, made beforehand
     (outside the timing), which favours the contender.
     """
-    if variant.method != "typical":
+    if variant.method not in VLLM_V0_METHODS:
         return None
     drafts = inputs.drafts
     b, k = drafts.shape

@@ -33,8 +33,9 @@ import torch
 import portable_verify as pv
 from portable_verify.bench import environment, floor, numba_runtime, peers, targets, threads
 from portable_verify.bench.cases import VARIANTS, CaseInputs, Shape, Variant, make_inputs
-from portable_verify.bench.dense import dense_verify
+from portable_verify.bench.dense import DENSE_METHODS, dense_verify
 from portable_verify.bench.harness import DeviceTiming, Timing, device_time_by_graph, measure
+from portable_verify.core import methods
 from portable_verify.core.types import DEFAULT_TYPICAL
 from portable_verify.dispatch import select_backend
 
@@ -84,9 +85,9 @@ def resolve_backends(requested: list[str], device: torch.device,
     ``method``)."""
     names: list[str] = []
     for name in requested:
-        sampled = None if method == "greedy" else method
-        chosen = (select_backend(name, device.type, sampled).qualified_name if name == "auto"
-                  else name)
+        sampled = None if method is None or methods.greedy_only(method) else method
+        chosen = (select_backend(name, device.type, sampled).qualified_name
+                  if name == "auto" else name)  # not a method: the backend name
         if sampled is not None and not pv.get_backend(chosen).traits.implements("chain", sampled):
             print(f"bench: {chosen} does not implement method={sampled!r}; not timed",
                   file=sys.stderr)
@@ -114,9 +115,9 @@ def _contenders(m: Measurement, inputs: CaseInputs, backends: list[str],
             lambda level=VALIDATION_CONTENDERS[key]: pv.verify(
                 inputs.drafts, seed=inputs.seeds, backend=backends[0], validate=level, **kw)
         )
-    if m.variant.method == "block":
-        # Token-wise rejection on the very same inputs, timed beside block (its target ratio);
-        # the dense baseline has no block rule, so it runs rejection too.
+    if m.variant.method not in DENSE_METHODS:
+        # Token-wise rejection on the very same inputs, timed beside it (block's target ratio);
+        # the dense baseline has no such rule, so it runs rejection too.
         kw_rejection = {**kw, "method": "rejection"}
         contenders["rejection_same_inputs"] = lambda: pv.verify(
             inputs.drafts, seed=inputs.seeds, backend=backends[0], validate=False,
@@ -243,8 +244,8 @@ def _cells(m: Measurement, backends: list[str], timings: dict[str, Timing],
                 "speedup_vs_dense": _ratio(ms["dense"], t),
                 "x_floor": _ratio(t, ms["floor"]),
                 "x_argmax": _ratio(t, ms["argmax"]),
-                "speedup_vs_argmax": (_ratio(ms["argmax"], t) if m.variant.method == "greedy"
-                                      else None),
+                "speedup_vs_argmax": (_ratio(ms["argmax"], t)
+                                      if methods.greedy_only(m.variant.method) else None),
                 "speedup_vs_hf": _ratio(ms.get("hf"), t),
                 "speedup_vs_vllm_typical": _ratio(ms.get("vllm_v0_typical"), t),
                 "validation_overhead": _ratio(cell["times_ms"]["verify_validated"], t),

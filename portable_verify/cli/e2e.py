@@ -14,6 +14,7 @@ from typing import Any
 from portable_verify.cli import checks
 from portable_verify.cli.jsonout import add_json_option, to_stdout, write_json
 from portable_verify.cli.progress import NARROW_WIDTH, Progress, add_quiet_option, verdict
+from portable_verify.core import methods
 from portable_verify.e2e.config import (
     DEFAULT_TREES,
     PRESETS,
@@ -66,7 +67,7 @@ def add_parser(subparsers: Any) -> None:
                    "siblings; default), dynamic (EAGLE-2-style expansion; dynamic:F expands F "
                    "frontier nodes per depth, default 2), ngram (prompt lookup's "
                    "continuations; the default with --draft ngram)")
-    p.add_argument("--method", choices=("greedy", "rejection", "typical", "block", "traversal"),
+    p.add_argument("--method", choices=methods.distinct(),
                    default=None,
                    help="verification method (default greedy); block runs block verification "
                    "and token-wise rejection alternated on the same prompts and seeds, and "
@@ -486,7 +487,7 @@ def _spine_lines(rows: list[dict[str, Any]], tree: str) -> list[str]:
     for members in groups.values():
         by = {(r["tree_rule"], r["chain_rule"]): r for r in members}
         parts = [f"{name} {_short_interval(by[key]['gain_same_steps'])}"
-                 for key, name in ((("rejection", "rejection"), "rej-rej"),
+                 for key, name in ((("rejection", "rejection"), "rej-rej"),  # narrower: pairs
                                    (("traversal", "block"), "trav-block")) if key in by]
         if parts:
             lines.append(f"tree {tree} - spine chain, n={members[0]['trials']}: "

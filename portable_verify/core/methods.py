@@ -34,6 +34,9 @@ class Method:
     every draft is a point mass), ``"ignores"`` (never read). ``options``: the name of its
     options field in :class:`~portable_verify.core.types.VerifyOptions`, or ``None``.
     ``instead``: per layout it does not serve, the method that does the same job there.
+    ``rows``: which rows its decision reads, ``"prefix"`` (those up to the first rejection)
+    or ``"data"`` (a set that depends on the uniforms: the default validation level checks
+    every row of such a call, as ``validate="full"`` does).
     """
 
     name: str
@@ -44,6 +47,7 @@ class Method:
     options: str | None
     summary: str
     instead: tuple[tuple[str, str], ...] = ()
+    rows: Literal["prefix", "data"] = "prefix"
 
     def serves(self, layout: str) -> bool:
         return layout in self.layouts
@@ -67,15 +71,46 @@ _add(Method("typical", "typical", False, (CHAIN, TREE), "ignores", "typical",
             "typical acceptance (Medusa): lossy by design, opt-in"))
 _add(Method("block", "block", True, (CHAIN,), "uses", None,
             "block verification (Sun et al.): the chain judged at once",
-            instead=((TREE, "traversal"),)))
+            instead=((TREE, "traversal"),), rows="data"))
 _add(Method("traversal", "traversal", True, (TREE,), "uses", None,
             "traversal verification (Weng et al.): the tree judged from the leaves up",
-            instead=((CHAIN, "block"),)))
+            instead=((CHAIN, "block"),), rows="data"))
 
 
 def names(layout: str | None = None) -> tuple[str, ...]:
     """Every method's name (those serving ``layout`` when given), in table order."""
     return tuple(m.name for m in TABLE.values() if layout is None or m.serves(layout))
+
+
+def distinct(layout: str | None = None) -> tuple[str, ...]:
+    """Each method once: :func:`names` less those that only stand for another's rule
+    (``auto``), what a list of methods to run or to test covers."""
+    return tuple(m.name for m in TABLE.values()
+                 if (layout is None or m.serves(layout)) and m.rule in (None, m.name))
+
+
+def sampled(layout: str | None = None) -> tuple[str, ...]:
+    """The rules of sampled rows (:func:`distinct` less ``greedy``)."""
+    return tuple(m for m in distinct(layout) if TABLE[m].rule is not None)
+
+
+def greedy_only(name: str) -> bool:
+    """Whether method ``name`` takes every row greedy (its table row has no sampled rule)."""
+    method = TABLE.get(name)
+    return method is not None and method.rule is None
+
+
+def reads_draft_probs(rule: str | None) -> bool:
+    """Whether rows of ``rule`` (a rule is named by its own method's row) read
+    ``draft_probs``: a backend that routes by it gives a rule that ignores them none."""
+    method = TABLE.get(rule)  # type: ignore[arg-type]
+    return method is not None and method.draft_probs == "uses"
+
+
+def reads_rows_by_data(rule: str | None) -> bool:
+    """Whether the rows ``rule``'s decision reads depend on the data (``Method.rows``)."""
+    method = TABLE.get(rule)  # type: ignore[arg-type]
+    return method is not None and method.rows == "data"
 
 
 def lookup(name: object, layout: str) -> Method:

@@ -145,7 +145,7 @@ class E2EConfig:
             raise ValueError("the cpu clock sums every thread's time: use it with threads=1")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.method in ("block", "traversal") and self.dense:
+        if self.method in ("block", "traversal") and self.dense:  # narrower: paired rules
             raise ValueError(f"method {self.method!r} runs beside token-wise rejection; the "
                              f"dense verifier has no {self.method} rule (drop --dense)")
         if self.method == "traversal" and not self.trees:
@@ -173,7 +173,8 @@ class E2EConfig:
                                                               for m in modes):
             raise ValueError(f"--draft-mode must be one or both of {', '.join(DRAFT_MODES)}, "
                              f"comma separated, got {','.join(modes)!r}")
-        if modes != ("sampled",) and (self.method not in ("rejection", "block", "traversal")
+        exact = ("rejection", "block", "traversal")  # narrower: the exact sampled rules
+        if modes != ("sampled",) and (self.method not in exact
                                       or self.temperature == 0 or self.dense):
             raise ValueError("--draft-mode compares how sampled rows draft: it needs --method "
                              "rejection, block or traversal at --temperature > 0 (no --dense); "
@@ -187,7 +188,7 @@ class E2EConfig:
         if len(set(shapes)) != len(shapes):
             raise ValueError(f"each tree runs once: --tree lists one shape twice, got "
                              f"{','.join(self.trees)}")
-        if self.method not in ("greedy", "rejection", "traversal"):
+        if self.method not in ("greedy", "rejection", "traversal"):  # narrower: TREE_METHODS
             raise ValueError("--tree runs with method greedy, rejection or traversal; got "
                              f"method {self.method}")
         if self.batch != 1 and self.runtime != "openvino":

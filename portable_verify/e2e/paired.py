@@ -26,14 +26,14 @@ from portable_verify import VerifyOptions, verify, verify_tree
 from portable_verify.core import arguments, rng
 from portable_verify.e2e.tree_loop import SAMPLED_CHILDREN
 
-PAIRED_METHODS: tuple[str, str] = ("block", "rejection")
+PAIRED_METHODS: tuple[str, str] = ("block", "rejection")  # narrower: a pair
 """What ``e2e --method block`` runs, alternated: block first in the name, its baseline second."""
-TREE_PAIRED_METHODS: tuple[str, str] = ("traversal", "rejection")
+TREE_PAIRED_METHODS: tuple[str, str] = ("traversal", "rejection")  # narrower: a pair
 """What ``e2e --tree --method traversal`` runs per tree, alternated: traversal, then the
 token-level tree rule it is measured against."""
-SPINE_CHAIN_METHODS: tuple[str, str] = ("rejection", "block")
+SPINE_CHAIN_METHODS: tuple[str, str] = ("rejection", "block")  # narrower: exact chains
 """The chain rules a tree step's spine is judged by (:class:`SpineShadow`)."""
-SPINE_PAIRS: tuple[tuple[str, str], ...] = (
+SPINE_PAIRS: tuple[tuple[str, str], ...] = (  # narrower: pairs
     ("rejection", "rejection"), ("traversal", "block"),
     ("rejection", "block"), ("traversal", "rejection"))
 """(tree rule, chain rule) on the same steps: the like-for-like pairs first (the token-level

@@ -45,7 +45,7 @@ from portable_verify import tree_attention_mask, verify_tree
 from portable_verify.core import rng
 from portable_verify.integrations import hf
 
-TREE_METHODS: tuple[str, ...] = ("greedy", "rejection", "traversal")
+TREE_METHODS: tuple[str, ...] = ("greedy", "rejection", "traversal")  # narrower: exact
 """``rejection``: the token-level tree rule (root down, token ratios); ``traversal``: traversal
 verification (leaves up, sequence weights); both exact. ``greedy``: the greedy tree walk."""
 SAMPLED_CHILDREN: tuple[str, ...] = ("without_replacement", "iid")

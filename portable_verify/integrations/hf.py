@@ -40,7 +40,7 @@ from portable_verify.core.types import (
     options_alone,
 )
 
-LOOP_METHODS: tuple[str, ...] = tuple(m for m in methods.names(methods.CHAIN) if m != "auto")
+LOOP_METHODS: tuple[str, ...] = methods.distinct(methods.CHAIN)
 """The chain methods of the method table (``auto`` is ``rejection``)."""
 PROB_METHODS: frozenset[str] = frozenset(m for m in LOOP_METHODS
                                          if methods.TABLE[m].draft_probs == "uses")
@@ -266,7 +266,7 @@ def _check_int(name: str, value: Any, low: int) -> int:
 def _row_temperatures(temperature: Any, method: str, b: int,
                       device: torch.device) -> torch.Tensor | None:
     """float32 ``[B]`` (0 = greedy row), or None for an all-greedy run."""
-    if method == "greedy":
+    if methods.greedy_only(method):
         return None
     if isinstance(temperature, (list, tuple)):
         temperature = torch.tensor(temperature, dtype=torch.float32, device=device)

@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from portable_verify import verify
+from portable_verify.core import methods
 from portable_verify.core.metrics import MetricsAccumulator
 from portable_verify.core.types import (
     DEFAULT_TYPICAL,
@@ -163,7 +164,8 @@ class _SpecDecodeSampler(torch.nn.Module):
         result = verify(
             draft_token_ids,
             target_probs=target_with_bonus_probs,
-            draft_probs=draft_probs if self._options.sampled_method == "rejection" else None,
+            draft_probs=(draft_probs if methods.reads_draft_probs(self._options.sampled_method)
+                         else None),
             options=self._options,
             backend=self.backend,
             validate="full" if self._strict_mode else False,

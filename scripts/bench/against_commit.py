@@ -98,6 +98,7 @@ def _kernels(inputs: object, variant: object) -> tuple:
     if not logits:
         kwargs["q"] = inputs.draft_probs.numpy().reshape(-1, target.shape[1])  # type: ignore
     old_kwargs = dict(kwargs)
+    kwargs["rule"] = variant.method  # type: ignore[attr-defined]  (a name of numba's rules.CHAIN)
     if variant.method == "typical":  # type: ignore[attr-defined]
         kwargs["typical"] = DEFAULT_TYPICAL  # one value now; 5aed259 took the fields
         old_kwargs.update(typical=True, **dataclasses.asdict(DEFAULT_TYPICAL))

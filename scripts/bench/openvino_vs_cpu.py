@@ -91,7 +91,7 @@ def _config_study(drafts: torch.Tensor, logits: torch.Tensor, reps: int) -> None
     base = {"INFERENCE_PRECISION_HINT": "f32", "INFERENCE_NUM_THREADS": 1}
 
     def request(**extra: object) -> object:
-        model = graphs.build(graphs.Variant("greedy"))
+        model = graphs.build(graphs.Variant())
         return core.compile_model(model, "CPU", {**base, **extra}).create_infer_request()
 
     pinned, unpinned, copied = request(), request(ENABLE_CPU_PINNING=False), request(

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from portable_verify.backends.base import Availability, Backend, ReadValueError
-from portable_verify.backends.numba import readiness
+from portable_verify.backends.numba import readiness, rules
 from portable_verify.backends.numba.host import (
     EMPTY_F32_1,
     EMPTY_F32_2,
@@ -31,6 +31,7 @@ from portable_verify.backends.numba.host import (
     run_split,
     threads_for,
 )
+from portable_verify.backends.numba.rules import GREEDY
 from portable_verify.core import methods
 from portable_verify.core.arguments import request_seeds
 from portable_verify.core.constants import FLOAT32_MAX, PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
@@ -46,8 +47,7 @@ except ImportError:
     kernels = entries = None
 
 _CPU = torch.device("cpu")
-CHAIN_RULES = readiness.CHAIN_RULES
-TREE_RULES = readiness.TREE_RULES
+_CHAIN = rules.CHAIN
 
 
 def _outputs(b: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -62,27 +62,43 @@ def decide_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
                   q: np.ndarray = EMPTY_F32_2, qrows: np.ndarray = EMPTY_I64_2,
                   temps: np.ndarray = EMPTY_F32_1, uniforms: np.ndarray = EMPTY_F32_2,
                   seeds: np.ndarray = EMPTY_I64_1, offsets: np.ndarray = EMPTY_I64_1,
-                  bonus: np.ndarray = EMPTY_I64_1, block: bool = False, **options: Any
+                  bonus: np.ndarray = EMPTY_I64_1, rule: str | None = "rejection",
+                  **options: Any
                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
     """``(token_ids, num_accepted, num_emitted, num_draft_tokens, ok)`` from host arrays whose
     layout the caller has checked (shapes index memory here: nothing is bounds-checked);
-    ``options`` are the fields of :func:`options_record` other than ``is_logits``; ``block``:
-    sampled rows take block verification (``block.py``) instead of ``options``' rule.
+    ``rule``: the sampled rows' rule (a name of ``rules.CHAIN``); ``options`` are the fields of
+    :func:`options_record` other than ``is_logits`` and ``rule``.
 
     ``target`` holds the flat rows ``[..., V]`` (C-contiguous); it and ``drafts`` may also be
     contiguous float32 / int64 CPU tensors, read in place.
     """
+    code = rules.code(_CHAIN, rule, options.get("all_greedy", False))
+    if code is None:
+        raise methods.unknown_rule(rule, "numba:cpu", methods.CHAIN)
     arrays = call_arrays(rows, counts, q, qrows, temps, uniforms, seeds, offsets, bonus)
-    return _decide(target, drafts, arrays,
-                   options_record(is_logits=is_logits, sequence_level=block, **options))
+    out = _decide(target, drafts, arrays,
+                  options_record(is_logits=is_logits, rule=code, **options))
+    if out[4] == rules.ERROR_RULE:
+        raise flagged(out[4], rule, methods.CHAIN)
+    return (*out[:4], out[4] == 0)
+
+
+def flagged(error: int, rule: str | None, layout: str) -> Exception:
+    """The error of a kernel's flag: a rule code it has no branch for (``methods.unknown_rule``,
+    as the host's own lookup), else a value it reads is invalid (worded by dispatch)."""
+    if error == rules.ERROR_RULE:
+        return methods.unknown_rule(rule, "numba:cpu", layout)
+    return ReadValueError(f"a value the {layout} decision reads is invalid")
 
 
 def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
     """:func:`decide_arrays` with the options already a record and the arrays a tuple
     (:func:`host.call_arrays`; positional: this runs on every call, and keyword dictionaries
-    cost more than a small call's decision). A small call on tensors enters them by address
-    (``entries.decide_at``): two numpy views cost more than its whole decision."""
+    cost more than a small call's decision); the last item is the kernel's flag. A small call
+    on tensors enters them by address (``entries.decide_at``): two numpy views cost more than
+    its whole decision."""
     b, k = drafts.shape
     v = target.shape[-1]
     if v == 0 and b > 0:
@@ -93,19 +109,18 @@ def _decide(target: Any, drafts: Any, arrays: tuple[np.ndarray, ...], record: np
         r = b * (k + 1) if arrays[0].shape[0] == 0 else target.shape[0]  # target is [R, V]
         error = entries.decide_at(target.data_ptr(), r, v, drafts.data_ptr(), b, k, arrays,
                                       record, *outs)
-        return (*outs, error == 0)
+        return (*outs, error)
     before = (host_array(target, np.float32).reshape(-1, v), host_array(drafts, np.int64),
               arrays, record)
-    error = run_split(entries.decide, b, threads, before, (outs,))
-    return (*outs, error == 0)
+    return (*outs, run_split(entries.decide, b, threads, before, (outs,)))
 
 
 def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
                   drafts: np.ndarray | torch.Tensor, counts: np.ndarray, bonus: np.ndarray,
-                  check: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, bool]:
-    """:func:`decide_arrays` for a padded call whose every row is greedy; ``target`` is
-    ``[B, K+1, V]``. ``target`` and ``drafts`` may also be contiguous CPU tensors of the
-    right dtype (read in place)."""
+                  check: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int]:
+    """:func:`_decide` for a padded call whose every row is greedy (the last item is the
+    kernel's flag); ``target`` is ``[B, K+1, V]``. ``target`` and ``drafts`` may also be
+    contiguous CPU tensors of the right dtype (read in place)."""
     b, k = drafts.shape
     v = target.shape[-1]
     r = b * (k + 1)
@@ -118,7 +133,7 @@ def greedy_arrays(target: np.ndarray | torch.Tensor, is_logits: bool,
         before = (host_array(target, np.float32).reshape(r, v), host_array(drafts, np.int64),
                   counts, bonus, is_logits, check)
         error = run_split(kernels.greedy, b, threads, before, (outs,))
-    return (*outs, error == 0)
+    return (*outs, error)
 
 
 _AVAILABILITY = (
@@ -174,28 +189,26 @@ class NumbaBackend(Backend):
                     offset_scalar = offset
                 elif offset is not None:
                     offsets = offset
-            if not all_greedy and method not in CHAIN_RULES:
+            code = _CHAIN.get(method, GREEDY)  # None: every row greedy
+            if code == GREEDY and not all_greedy:
                 raise methods.unknown_rule(method, "numba:cpu", methods.CHAIN)
-            record = call_record(call.target_name == "target_logits", all_greedy,
-                                 options.typical if method == "typical" else None, check,
-                                 seed_mode, seed_scalar, offset_scalar, temp_scalar,
-                                 PROB_SUM_ATOL, PROB_SUM_ATOL, 0, 0, method == "block")
+            record = call_record(call.target_name == "target_logits", all_greedy, code,
+                                 options.typical, check, seed_mode, seed_scalar,
+                                 offset_scalar, temp_scalar, PROB_SUM_ATOL, PROB_SUM_ATOL)
             arrays = call_arrays(
                 EMPTY_I64_2 if call.rows is None else call.rows, counts,
                 EMPTY_F32_2 if call.draft_probs is None else call.draft_probs,
                 EMPTY_I64_2 if call.draft_rows is None else call.draft_rows, temps, uniforms,
                 seeds, offsets, bonus)
             out = _decide(call.target, call.drafts, arrays, record)
-        if not out[4]:
-            raise ReadValueError("a value the decision reads is invalid")
+        if out[4]:
+            raise flagged(out[4], method, methods.CHAIN)
         return out[:4]
 
     def run(self, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
         inputs.check_layout()
         if inputs.uniforms is None and not inputs.all_greedy:
             raise ValueError("uniforms are required unless every row is greedy")
-        if not inputs.all_greedy and inputs.sampled_method not in CHAIN_RULES:
-            raise methods.unknown_rule(inputs.sampled_method, "numba:cpu", methods.CHAIN)
         target, q = inputs.target, inputs.draft_probs
         atol, q_atol = (PROB_SUM_ATOL_HALF if t is not None and t.dtype in HALF else PROB_SUM_ATOL
                         for t in (target, q))
@@ -212,9 +225,8 @@ class NumbaBackend(Backend):
             qrows=(EMPTY_I64_2 if inputs.draft_rows is None
                    else host_array(inputs.draft_rows, np.int64)),
             temps=host_array(inputs.temperature, np.float32),
-            all_greedy=inputs.all_greedy,
-            typical=inputs.options.typical if inputs.sampled_method == "typical" else None,
-            block=inputs.sampled_method == "block",
+            all_greedy=inputs.all_greedy, rule=inputs.sampled_method,
+            typical=inputs.options.typical,
             uniforms=(EMPTY_F32_2 if inputs.uniforms is None
                       else host_array(inputs.uniforms, np.float32)),
             check=inputs.check_read_values, atol=atol, q_atol=q_atol,
@@ -229,9 +241,10 @@ class NumbaBackend(Backend):
         from portable_verify.backends.numba.entries import walk  # compile on first use
         from portable_verify.backends.numba.tree import tree_arrays
 
-        if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:
+        rule = rules.code(rules.TREE, inputs.sampled_method, inputs.all_greedy)
+        if rule is None:
             raise methods.unknown_rule(inputs.sampled_method, "numba:cpu", methods.TREE)
-        tokens, nodes, accepted, ok = tree_arrays(inputs, walk)
-        if not ok:
-            raise ReadValueError("a value the tree walk reads is invalid")
+        tokens, nodes, accepted, error = tree_arrays(inputs, rule, walk)
+        if error:
+            raise flagged(error, inputs.sampled_method, methods.TREE)
         return torch.from_numpy(tokens), torch.from_numpy(nodes), torch.from_numpy(accepted)

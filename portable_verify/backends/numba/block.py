@@ -8,7 +8,7 @@ and one draw. The residual ``Z_j`` is computed on is the row the draw reads when
 stops there, so it is drawn from where it lies.
 
 :func:`_block_one` is one request, called by the chain family's entry kernel
-(``entries.decide``) for sampled requests when the record's ``sequence_level`` is set; the
+(``entries.decide``) for sampled requests when the record's ``rule`` is ``rules.BLOCK``; the
 backend runs it over request ranges on its worker threads (bit-identical at any thread count).
 Counts, greedy rows, uniforms, the caller's bonus and the ``O(K)`` checks are the rejection kernel's
 own helpers. Under ``options.check`` every target row ``j <= n`` and draft row ``j < n`` of

@@ -40,6 +40,7 @@ from portable_verify.backends.numba.rows import (
     row_max,
     row_stats,
 )
+from portable_verify.backends.numba.rules import TYPICAL
 from portable_verify.core import constants, rng
 
 # The counter hash of core/rng.py, as uint64 constants (its one source of truth).
@@ -64,23 +65,22 @@ ERROR_NONE = 0
 ERROR_VALUE = 1  # a value the decision reads is invalid: the caller words it (torch backend)
 
 OPTIONS = np.dtype([
-    ("is_logits", np.bool_), ("all_greedy", np.bool_), ("typical", np.bool_),
-    ("check", np.bool_), ("seed_mode", np.int64), ("seed_scalar", np.int64),
+    ("is_logits", np.bool_), ("all_greedy", np.bool_), ("check", np.bool_),
+    ("rule", np.int64), ("seed_mode", np.int64), ("seed_scalar", np.int64),
     ("offset_scalar", np.int64), ("temp_scalar", np.float64),
     ("eps", np.float64), ("alpha", np.float64), ("atol", np.float64), ("q_atol", np.float64),
-    ("children", np.int64), ("max_depth", np.int64), ("sequence_level", np.bool_),
+    ("children", np.int64), ("max_depth", np.int64),
 ], align=True)
 """A call's options and scalars as one record (a 1-element array of it goes down to the
 kernel), chain and tree kernels alike; ``host.call_record`` builds it (the one place).
 
+``rule``: the sampled rows' rule, a code of ``rules.py`` (the switch each family's one entry
+kernel, ``entries.decide`` / ``entries.walk``, branches on; an unknown code is flagged);
 ``seed_mode`` 1: per-request ``seeds``; 2: ``row_seed(seed_scalar, i)``; ``offset_scalar``
 when ``offsets`` is empty; ``temp_scalar`` when ``temps`` is empty; ``eps`` / ``alpha``: the
 typical parameters (:func:`typical_threshold`); ``atol`` / ``q_atol``: the sum tolerance of
 target / draft probability rows; ``children`` / ``max_depth``: a tree walk's children code
-and depth cap (0 in chain calls); ``sequence_level``: sampled requests take the rule that
-judges a path as a whole, block verification (a chain call) or traversal verification (a tree
-walk), the switch each family's one entry kernel branches on (``entries.decide``,
-``entries.walk``)."""
+and depth cap (0 in chain calls)."""
 
 ARRAYS = ("rows", "counts", "q", "qrows", "temps", "uniforms", "seeds", "offsets", "bonus")
 """The order of the chain kernels' array tuple (``host.call_arrays`` builds it): target row
@@ -511,18 +511,18 @@ def accept_prefix(target, drafts, arrays, o, i, n, tf, key, work):
         in_vocab = x >= 0 and x < v_size
         xc = min(max(x, 0), v_size - 1)
         if o.is_logits:
-            s, h, bad = _softmax_sums(row, tf, scratch, sums, o.typical, o.check)
+            s, h, bad = _softmax_sums(row, tf, scratch, sums, o.rule == TYPICAL, o.check)
             error = _flag(error, bad)
             px = np.float32(np.float32(scratch[xc]) / np.float32(s))
         else:
             px = row[xc]
             error = _flag(error, o.check and _bad_prob(px))
             h = 0.0
-            if o.typical:  # 0 log 0 = 0; NaN and negative entries are only flagged
+            if o.rule == TYPICAL:  # 0 log 0 = 0; NaN and negative entries are only flagged
                 h, finite = entropy(row)
                 error = _flag(error, o.check and not finite)
         px = px if in_vocab else np.float32(0.0)
-        if o.typical:
+        if o.rule == TYPICAL:
             ok = in_vocab and px > typical_threshold(o, h)
         else:
             qx = np.float32(1.0)
@@ -589,7 +589,7 @@ def final_token(target, drafts, arrays, o, i, accepted, n, s, tf, key, work):
             s, _, bad = _softmax_sums(row, tf, scratch, sums, False, o.check)
             error = _flag(error, bad)
         p = scratch
-    if o.typical and rejected:
+    if o.rule == TYPICAL and rejected:
         if o.is_logits:  # the argmax is the first exponential equal to exp(0) = 1
             t = _first_one(p)
             if t >= 0:

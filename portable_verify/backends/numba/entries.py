@@ -4,10 +4,10 @@ twin :func:`decide_at` (small calls on tensors), and :func:`walk` (every tree ru
 Why one entry per family, in a module of its own: numba optimises and emits each entry
 kernel's whole call tree again, so an entry per rule compiles the shared helpers (counts,
 greedy rows, uniforms, draws, row passes) once per entry; one entry per family branches on the
-options record's ``sequence_level`` field instead (block verification for a chain, traversal
-verification for a tree: the rules that judge a path as a whole), which costs one predictable
-branch per request. The rules themselves stay in their modules (``chain.py``, ``block.py``,
-``tree.py``, ``traversal.py``); this module only dispatches to them.
+options record's ``rule`` code instead (``rules.py``: the family's one table), which costs one
+predictable branch per call, and flags a code it has no branch for (``rules.ERROR_RULE``).
+The rules themselves stay in their modules (``chain.py``, ``block.py``, ``tree.py``,
+``traversal.py``); this module only dispatches to them.
 """
 
 from __future__ import annotations
@@ -24,6 +24,14 @@ from portable_verify.backends.numba.chain import (
     normal_temperature,
 )
 from portable_verify.backends.numba.rows import JIT
+from portable_verify.backends.numba.rules import (
+    BLOCK,
+    ERROR_RULE,
+    GREEDY,
+    REJECTION,
+    TRAVERSAL,
+    TYPICAL,
+)
 from portable_verify.backends.numba.traversal import _traverse_one
 from portable_verify.backends.numba.tree import (
     _bad_structure,
@@ -41,8 +49,9 @@ def decide(target, drafts, arrays, options, lo, hi, outs):
     on several threads (the kernel releases the GIL; a request's result depends only on its
     own inputs).
 
-    ``options.sequence_level`` sends sampled requests through block verification
-    (``block._block_one``), else rejection sampling or typical acceptance (``chain._one``).
+    ``options.rule`` sends sampled requests through block verification
+    (``block._block_one``) or rejection sampling / typical acceptance (``chain._one``); any
+    other code returns ``rules.ERROR_RULE`` before reading anything.
 
     ``arrays`` (``chain.ARRAYS``): ``rows`` / ``qrows`` empty: the padded layout (request
     ``i``, position ``j`` is row ``i*(K+1) + min(j, n_i)`` / ``i*K + j``). ``counts`` empty:
@@ -55,13 +64,15 @@ def decide(target, drafts, arrays, options, lo, hi, outs):
     v_size = target.shape[1]
     o = options[0]
     error = ERROR_NONE
-    if o.sequence_level:
+    if o.rule == BLOCK:
         block_work = (np.empty(k, dtype=np.float32), np.empty(k, dtype=np.float64),
                       np.empty(k, dtype=np.float32), np.empty(v_size, dtype=np.float32),
                       np.empty(v_size, dtype=np.float32))  # maxes, sums, chain, scratch, out
         for i in range(lo, hi):
             error = max(error, _block_one(target, drafts, arrays, o, i, block_work, outs))
         return error
+    if not (o.rule == REJECTION or o.rule == TYPICAL or o.rule == GREEDY):
+        return ERROR_RULE
     chain_work = (np.empty(v_size, dtype=np.float32), np.empty(v_size, dtype=np.float32),
                   np.empty((v_size + DRAW_BLOCK - 1) // DRAW_BLOCK, dtype=np.float64))
     for i in range(lo, hi):
@@ -89,10 +100,14 @@ def walk(target, tokens, arrays, options, lo, hi, outs):
     children; ``u`` ``[B, N]``, empty when every row is greedy); the children code and the
     depth cap are the record's. Disjoint request ranges may run at once (nogil).
 
-    ``options.sequence_level`` sends sampled requests through the traversal walk
-    (``traversal._traverse_one``), else the token-level walk (``tree._sampled_walk``); greedy
-    rows take ``tree._greedy_walk`` in both."""
+    ``options.rule`` sends sampled requests through the traversal walk
+    (``traversal._traverse_one``) or the token-level walk (``tree._sampled_walk``: rejection,
+    typical); greedy rows take ``tree._greedy_walk`` in both. Any other code returns
+    ``rules.ERROR_RULE`` before reading anything."""
     o = options[0]
+    if not (o.rule == REJECTION or o.rule == TYPICAL or o.rule == TRAVERSAL
+            or o.rule == GREEDY):
+        return ERROR_RULE
     parents, num_nodes, _, temps, _ = arrays
     out_tokens, out_nodes, out_accepted = outs
     n_slots = tokens.shape[1]
@@ -111,7 +126,7 @@ def walk(target, tokens, arrays, options, lo, hi, outs):
         t = np.float64(temps[i])
         if o.all_greedy or t == 0:
             a, final, bad = _greedy_walk(target, tokens, o, i, (first, after), path)
-        elif o.sequence_level:
+        elif o.rule == TRAVERSAL:
             lo_row, hi_row = i * n_slots, (i + 1) * n_slots
             a, final, bad = _traverse_one((target[lo_row:hi_row], arrays[2][lo_row:hi_row]),
                                           (tokens, first, after, o.max_depth), parents, i,
@@ -131,7 +146,7 @@ def walk(target, tokens, arrays, options, lo, hi, outs):
 @numba.njit(inline="always", **JIT)
 def _token_work(o, v_size, path):
     """The token-level walk's rows ``(scratch, qbuf, res, path)``; empty for a traversal call."""
-    v = 0 if o.sequence_level else v_size
+    v = 0 if o.rule == TRAVERSAL else v_size
     return (np.empty(v, dtype=np.float32),
             np.empty(v if o.children == 2 else 0, dtype=np.float32),
             np.empty((2, v), dtype=np.float32), path)
@@ -141,8 +156,8 @@ def _token_work(o, v_size, path):
 def _traversal_work(o, n_slots, v_size):
     """The traversal walk's per-node state ``(fs, ns, w)`` and per-level rows ``(bufs, qbufs,
     scratch)``; empty (no rows) for a token-level call."""
-    levels = min(o.max_depth, n_slots - 1) + 1 if o.sequence_level else 0
-    v = v_size if o.sequence_level else 0
+    levels = min(o.max_depth, n_slots - 1) + 1 if o.rule == TRAVERSAL else 0
+    v = v_size if o.rule == TRAVERSAL else 0
     state = (np.empty((5, n_slots), dtype=np.float32), np.empty((5, n_slots), dtype=np.int64),
              np.empty(n_slots, dtype=np.float64))
     work = (np.empty((levels, 2, v), dtype=np.float32),

@@ -17,8 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from portable_verify.backends.numba.rules import REJECTION, TYPICAL
 from portable_verify.core.constants import PROB_SUM_ATOL
-from portable_verify.core.types import TypicalParams
+from portable_verify.core.types import DEFAULT_TYPICAL, TypicalParams
 
 try:  # numba is optional (the `cpu` extra)
     from portable_verify.backends.numba import chain as kernels
@@ -39,8 +40,8 @@ machine (docs/benchmarks.md, "Threads at serving scale" and "numba family")."""
 
 ENV_THREADS = "PORTABLE_VERIFY_NUM_THREADS"
 
-NO_TYPICAL = (0.0, 0.0)
-"""The record's typical fields (``TypicalParams.kernel_scalars()``'s) in a call without them."""
+NO_TYPICAL = (0.0,) * len(DEFAULT_TYPICAL.kernel_scalars())
+"""The record's typical fields (``TypicalParams.kernel_scalars()``'s) in another rule's call."""
 
 
 def threads_for(values: int, requests: int) -> int:
@@ -103,30 +104,29 @@ def host_array(t: Any, dtype: Any) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=dtype)
 
 
-def call_record(is_logits: bool, all_greedy: bool, typical: TypicalParams | None,
+def call_record(is_logits: bool, all_greedy: bool, rule: int, typical: TypicalParams,
                 check: bool, seed_mode: int = 1, seed_scalar: int = 0, offset_scalar: int = 0,
                 temp_scalar: float = 1.0, atol: float = PROB_SUM_ATOL,
-                q_atol: float = PROB_SUM_ATOL, children: int = 0, max_depth: int = 0,
-                sequence_level: bool = False) -> np.ndarray:
+                q_atol: float = PROB_SUM_ATOL, children: int = 0, max_depth: int = 0
+                ) -> np.ndarray:
     """A call's options and scalars as the kernels' one record (:data:`chain.OPTIONS`): the
-    one place it is built, for chain, block and tree kernels alike. ``typical``: the
-    parameters of a typical call, else None; ``sequence_level``: block (chain) or
-    traversal (tree) verification for the sampled requests. Positional on the hot path (keyword
-    dictionaries cost more than a small call's decision)."""
-    scalars = NO_TYPICAL if typical is None else typical.kernel_scalars()
-    return record_of((is_logits, all_greedy, typical is not None, check, seed_mode,
-                      seed_scalar, offset_scalar, temp_scalar, *scalars, atol, q_atol,
-                      children, max_depth, sequence_level))
+    one place it is built, for chain, block and tree kernels alike. ``rule``: the code of the
+    sampled rows' rule (``rules.py``); ``typical``: the call's parameters, packed for a typical
+    call only (a record per distinct value). Positional on the hot path (keyword dictionaries
+    cost more than a small call's decision)."""
+    scalars = typical.kernel_scalars() if rule == TYPICAL else NO_TYPICAL
+    return record_of((is_logits, all_greedy, check, rule, seed_mode, seed_scalar,
+                      offset_scalar, temp_scalar, *scalars, atol, q_atol, children, max_depth))
 
 
-def options_record(*, is_logits: bool, all_greedy: bool = False,
-                   typical: TypicalParams | None = None, check: bool = True, seed_mode: int = 1,
-                   seed_scalar: int = 0, offset_scalar: int = 0, temp_scalar: float = 1.0,
-                   atol: float = PROB_SUM_ATOL, q_atol: float = PROB_SUM_ATOL,
-                   sequence_level: bool = False) -> np.ndarray:
+def options_record(*, is_logits: bool, all_greedy: bool = False, rule: int = REJECTION,
+                   typical: TypicalParams = DEFAULT_TYPICAL, check: bool = True,
+                   seed_mode: int = 1, seed_scalar: int = 0, offset_scalar: int = 0,
+                   temp_scalar: float = 1.0, atol: float = PROB_SUM_ATOL,
+                   q_atol: float = PROB_SUM_ATOL) -> np.ndarray:
     """:func:`call_record` by keyword (host-array entry points, tests, benchmarks)."""
-    return call_record(is_logits, all_greedy, typical, check, seed_mode, seed_scalar,
-                       offset_scalar, temp_scalar, atol, q_atol, 0, 0, sequence_level)
+    return call_record(is_logits, all_greedy, rule, typical, check, seed_mode, seed_scalar,
+                       offset_scalar, temp_scalar, atol, q_atol)
 
 
 def call_arrays(rows: np.ndarray = EMPTY_I64_2, counts: np.ndarray = EMPTY_I64_1,

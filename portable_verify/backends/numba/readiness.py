@@ -34,6 +34,7 @@ import threading
 from typing import Any
 
 from portable_verify.backends.base import ENV_INTERIM, BackendTraits
+from portable_verify.backends.numba import rules
 from portable_verify.core import methods
 
 KERNEL_MODULES = ("portable_verify.backends.numba.chain", "portable_verify.backends.numba.rows",
@@ -47,16 +48,11 @@ ENTRY_KERNELS = ("chain.greedy", "chain.greedy_at", "entries.decide",
                  "entries.decide_at", "entries.walk")
 """The kernels the backend calls: the cache is warm when each has a signature for this CPU."""
 
-CHAIN_RULES = ("rejection", "typical", "block")
-"""The sampled rules the chain kernels implement (the kernel's ``typical`` and ``block``
-switches; rejection otherwise, reached only through these names)."""
-TREE_RULES = ("rejection", "typical", "traversal")
-"""The sampled rules the tree walk implements."""
 TRAITS = BackendTraits(checks_what_it_reads=True, host_calls=True, checks_tree_reads=True,
-                       layouts=(methods.CHAIN, methods.TREE), chain_rules=CHAIN_RULES,
-                       tree_rules=TREE_RULES)
+                       layouts=(methods.CHAIN, methods.TREE), chain_rules=tuple(rules.CHAIN),
+                       tree_rules=tuple(rules.TREE))
 """``numba:cpu``'s traits, here so that dispatch can ask what it implements before importing
-it (and numba)."""
+it (and numba); its rules are ``rules.py``'s table."""
 
 STAMP_PREFIX = "portable_verify.ready."
 """A build that left every kernel cached writes ``STAMP_PREFIX + key`` (:func:`stamp_key`)."""

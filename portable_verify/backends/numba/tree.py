@@ -51,6 +51,7 @@ from portable_verify.backends.numba.rows import (
     row_argmax,
     row_stats,
 )
+from portable_verify.backends.numba.rules import TYPICAL
 from portable_verify.core.constants import PROB_SUM_ATOL, PROB_SUM_ATOL_HALF
 from portable_verify.core.tree import TreeInputs
 
@@ -198,19 +199,19 @@ def _sampled_walk(target, tokens, arrays, o, i, tf, links, work):
         s = 1.0
         h = 0.0
         if o.is_logits:
-            s, h, bad_row = _softmax_row(row, tf, scratch, o.typical, o.check)
+            s, h, bad_row = _softmax_row(row, tf, scratch, o.rule == TYPICAL, o.check)
             bad = bad or bad_row
             p = scratch
         else:
             bad = bad or (o.check and _not_a_distribution(row, o.atol))
-            if o.typical:
+            if o.rule == TYPICAL:
                 h = entropy(row)[0]
         c = first[node] if depth < o.max_depth else -1
         if c < 0:  # a leaf (or the depth cap): a draw from the node's row
             if o.check and not o.is_logits:
                 return depth, draw_checked(p, v, o.atol)[0], bad
             return depth, draw(p, v)[0], bad
-        if o.typical:
+        if o.rule == TYPICAL:
             threshold = typical_threshold(o, h)
             while c >= 0 and not (np.float32(np.float32(p[tokens[i, c]]) / np.float32(s))
                                   > threshold):
@@ -241,11 +242,11 @@ def _argmax_of(p, is_logits):
     return row_argmax(p)
 
 
-def tree_arrays(inputs: TreeInputs, kernel: Any
-                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
-    """``(token_ids, node_ids, num_accepted, ok)`` from validated torch CPU tree inputs, by
+def tree_arrays(inputs: TreeInputs, rule: int, kernel: Any
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """``(token_ids, node_ids, num_accepted, flag)`` from validated torch CPU tree inputs, by
     ``kernel`` (``entries.walk``, the tree family's one entry kernel: this module's walks
-    and the traversal walk)."""
+    and the traversal walk); ``rule``: the code of the sampled rows' rule (``rules.TREE``)."""
     b, v = inputs.batch_size, inputs.vocab_size
     target, q = inputs.target, inputs.draft_probs
     atol, q_atol = (PROB_SUM_ATOL_HALF if t is not None and t.dtype in HALF else PROB_SUM_ATOL
@@ -255,11 +256,9 @@ def tree_arrays(inputs: TreeInputs, kernel: Any
     mode = CHILDREN_CODES[inputs.children]
     q = target if q is None or mode == 0 else host_array(q.detach().float(), np.float32)
     width = inputs.width
-    record = call_record(inputs.target_is_logits, inputs.all_greedy,
-                         inputs.typical if inputs.sampled_method == "typical" else None,
+    record = call_record(inputs.target_is_logits, inputs.all_greedy, rule, inputs.typical,
                          inputs.check_read_values, atol=atol, q_atol=q_atol, children=mode,
-                         max_depth=width - 1,
-                         sequence_level=inputs.sampled_method == "traversal")
+                         max_depth=width - 1)
     u = EMPTY_F32_2 if inputs.uniforms is None else host_array(inputs.uniforms, np.float32)
     arrays = (host_array(inputs.parents, np.int64), host_array(inputs.num_nodes, np.int64), q,
               host_array(inputs.temperature, np.float32), u)
@@ -268,4 +267,4 @@ def tree_arrays(inputs: TreeInputs, kernel: Any
     error = run_split(kernel, b, threads_for(b * v * 2, b),
                       (target, host_array(inputs.node_token_ids, np.int64), arrays, record),
                       (outs,))
-    return outs[0], outs[1], outs[2], error == 0
+    return outs[0], outs[1], outs[2], error

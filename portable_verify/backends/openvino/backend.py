@@ -32,10 +32,31 @@ DEFAULT_DEVICE = "CPU"
 ENV_THREADS = "PORTABLE_VERIFY_OPENVINO_THREADS"
 
 
-CHAIN_RULES = ("rejection", "typical", "block")
-"""The sampled rules of the chain graphs (``block``: backends/openvino/block.py)."""
-TREE_RULES = ("rejection", "typical", "traversal")
-"""The sampled rules of the tree walk (``traversal``: backends/openvino/traversal.py)."""
+Runner = Callable[[Any, VerifyInputs, dict[str, np.ndarray]], tuple[np.ndarray, np.ndarray]]
+
+
+def _token_wise(backend: Any, inputs: VerifyInputs, arrays: dict[str, np.ndarray]
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """One compiled token-wise graph (``chain_graphs.SAMPLED`` builds the sampled rule)."""
+    from portable_verify.backends.openvino.chain_graphs import input_names
+
+    variant = _variant(inputs, "draft_probs" in arrays)
+    return backend.infer(variant, [arrays[name] for name in input_names(variant)])
+
+
+def _block(backend: Any, inputs: VerifyInputs, arrays: dict[str, np.ndarray]
+           ) -> tuple[np.ndarray, np.ndarray]:
+    from portable_verify.backends.openvino.block import verify_block
+
+    return verify_block(backend, inputs, arrays)
+
+
+CHAIN_RULES: dict[str, Runner] = {"rejection": _token_wise, "typical": _token_wise,
+                                  "block": _block}
+"""The chain rules and what runs each: the family's chain table (its keys are its traits)."""
+TREE_RULES = ("rejection", "typical", "traversal")  # narrower: the family's tree rules
+"""The tree rules: ``tree.WALKS``' keys (``tests/test_openvino.py`` holds them equal; the
+walks import openvino, which declaring the traits must not)."""
 
 
 class OpenVINOBackend(Backend):
@@ -45,8 +66,8 @@ class OpenVINOBackend(Backend):
     description = "OpenVINO runtime graphs (CPU by default; openvino:GPU, openvino:NPU)"
     array_kind = "numpy"
     devices = ("CPU", "GPU", "NPU")  # any OpenVINO device name is accepted; these are listed
-    traits = BackendTraits(layouts=(methods.CHAIN, methods.TREE), chain_rules=CHAIN_RULES,
-                           tree_rules=TREE_RULES)
+    traits = BackendTraits(layouts=(methods.CHAIN, methods.TREE),
+                           chain_rules=tuple(CHAIN_RULES), tree_rules=TREE_RULES)
 
     def __init__(self, device: str | None = None, *, num_threads: int | None = None) -> None:
         """``num_threads`` (default: ``$PORTABLE_VERIFY_OPENVINO_THREADS``, else OpenVINO's own
@@ -163,22 +184,13 @@ class OpenVINOBackend(Backend):
         return {key: value for key, value in wanted.items() if key in supported}
 
     def run(self, inputs: VerifyInputs) -> tuple[np.ndarray, np.ndarray]:
-        from portable_verify.backends.openvino.chain_graphs import input_names
-
         b, k = inputs.batch_size, inputs.num_positions
         if b == 0:
             return np.zeros((0, k + 1), np.int64), np.zeros(0, np.int64)
-        if not inputs.all_greedy and inputs.sampled_method not in CHAIN_RULES:
+        runner = _token_wise if inputs.all_greedy else CHAIN_RULES.get(inputs.sampled_method)
+        if runner is None:
             raise methods.unknown_rule(inputs.sampled_method, self.qualified_name, methods.CHAIN)
-        arrays = _graph_arrays(inputs)
-        if inputs.sampled_method == "block" and not inputs.all_greedy:
-            from portable_verify.backends.openvino.block import verify_block
-
-            tokens, accepted = verify_block(self, inputs, arrays)
-        else:
-            variant = _variant(inputs, "draft_probs" in arrays)
-            tokens, accepted = self.infer(variant,
-                                          [arrays[name] for name in input_names(variant)])
+        tokens, accepted = runner(self, inputs, _graph_arrays(inputs))
         if k == 0:  # undo the host padding of K = 0 to one unused position
             tokens = np.ascontiguousarray(tokens[:, :1])
         return tokens, accepted
@@ -197,12 +209,12 @@ def _variant(inputs: VerifyInputs, has_draft_probs: bool) -> Any:
     from portable_verify.backends.openvino.chain_graphs import Variant
 
     if inputs.all_greedy:
-        return Variant("greedy")
+        return Variant()
     return Variant(
         inputs.sampled_method,
         is_logits=inputs.target_is_logits,
-        # Typical acceptance never reads the draft distribution.
-        has_draft_probs=has_draft_probs and inputs.sampled_method == "rejection",
+        # A rule that never reads the draft distribution (typical) gets a graph without it.
+        has_draft_probs=has_draft_probs and methods.reads_draft_probs(inputs.sampled_method),
         with_greedy_rows=not inputs.none_greedy,
     )
 

@@ -146,7 +146,7 @@ def _greedy_rows(backend: Any, arrays: dict[str, np.ndarray], temperature: np.nd
     """Rows with temperature 0 take the greedy graph's answer."""
     from portable_verify.backends.openvino.chain_graphs import Variant, input_names
 
-    greedy = Variant("greedy")
+    greedy = Variant()  # the argmax graph
     g_tokens, g_a = backend.infer(greedy, [arrays[name] for name in input_names(greedy)])
     row = np.asarray(temperature) == 0
     return np.where(row[:, None], g_tokens, tokens), np.where(row, g_a, a)

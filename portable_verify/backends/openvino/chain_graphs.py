@@ -23,14 +23,15 @@ mis-compiled; column subsets are taken with ``Gather``), no ``TopK`` and no ``Mu
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 import openvino as ov
 import openvino.opset13 as ops
 
 from portable_verify.backends.openvino import record
+from portable_verify.core import methods
 from portable_verify.core.constants import DRAW_BLOCK, FLOAT32_LOWEST, FLOAT32_MAX, FLOAT32_TINY
 
 Node = ov.Output | ov.Node
@@ -40,7 +41,7 @@ Node = ov.Output | ov.Node
 class Variant:
     """What a compiled graph computes; the compiled-model cache is keyed by it."""
 
-    kind: Literal["greedy", "rejection", "typical"]
+    kind: str | None = None  # a rule of SAMPLED; None: every row greedy (the argmax graph)
     is_logits: bool = True
     has_draft_probs: bool = False
     with_greedy_rows: bool = False  # some rows have temperature 0 (mixed batch)
@@ -49,7 +50,7 @@ class Variant:
 def input_names(variant: Variant) -> tuple[str, ...]:
     """Names of the graph inputs, in order; the host feeds arrays in the same order."""
     names = ["target", "target_rows", "draft_token_ids", "num_draft_tokens", "scalars"]
-    if variant.kind == "greedy":
+    if variant.kind is None:
         return tuple(names)
     names += ["temperature", "uniforms"]
     if variant.has_draft_probs:
@@ -244,13 +245,13 @@ def build(variant: Variant) -> ov.Model:
     draft_cols = _iota(k)
 
     greedy_a = greedy_final = row_max = None
-    if variant.kind == "greedy" or variant.with_greedy_rows:
+    if variant.kind is None or variant.with_greedy_rows:
         g_rows, row_max = first_argmax(target, inp["block"])
         g = ops.gather(g_rows, rows, _i64(0))  # [B, K+1]
         match = ops.logical_and(ops.equal(drafts, ops.gather(g, draft_cols, _i64(1))), valid)
         greedy_a = leading_accepted(match, n)
         greedy_final = _squeeze_col(_take(g, greedy_a))
-    if variant.kind == "greedy":
+    if variant.kind is None:
         accepted, final = greedy_a, greedy_final
     else:
         accepted, final = _sampled(variant, inp, x, n, valid, row_max)
@@ -260,7 +261,7 @@ def build(variant: Variant) -> ov.Model:
             final = ops.select(greedy_row, greedy_final, final)
     tokens = _emit(x, final, accepted)
     results = [ops.result(tokens, name="token_ids"), ops.result(accepted, name="num_accepted")]
-    return ov.Model(results, list(params.values()), f"verify_{variant.kind}")
+    return ov.Model(results, list(params.values()), f"verify_{variant.kind or 'argmax'}")
 
 
 def _clamp_index(index: Node, size: Node) -> Node:
@@ -286,68 +287,106 @@ def _sampled(
     valid: Node,
     row_max: Node | None,
 ) -> tuple[Node, Node]:
-    """Accepted counts and final tokens of the sampled rules (rejection or typical)."""
+    """Accepted counts and final tokens of the sampled rule, built by its entry of
+    :data:`SAMPLED` (a kind without one is refused by name, never built as another rule)."""
+    rule = SAMPLED.get(variant.kind)
+    if rule is None:
+        raise methods.unknown_rule(variant.kind, "openvino", methods.CHAIN)
     target, rows = inp["target"], inp["target_rows"]
-    u = inp["uniforms"]
     vocab, k = _dim(target, 1), _dim(x, 1)
-    draft_cols = _iota(k)
-    rows_k = ops.gather(rows, draft_cols, _i64(1))  # [B, K]
+    rows_k = ops.gather(rows, _iota(k), _i64(1))  # [B, K]
     flat_target_index = ops.add(ops.multiply(rows_k, vocab), x)
-
+    probs = Probs(rows_k=rows_k)
     if variant.is_logits:
         # p = e / s with e = exp((logits - max) / T), as the numpy reference computes it:
         # subtracting first keeps the quotient in [-inf, 0] (logits / T alone can overflow).
         t_col = _col(_row_temperatures(inp["temperature"], rows, target))  # [R, 1]
         if row_max is None:
             row_max = ops.reduce_max(target, _i64([1]), True)
-        zm = ops.divide(ops.subtract(target, row_max), t_col)  # z - max z
-        e = ops.exp(zm)
-        s = ops.reduce_sum(e, _i64([1]), False)  # [R]
-        px = ops.divide(
-            ops.gather(ops.reshape(e, _i64([-1]), False), flat_target_index, _i64(0)),
-            ops.gather(s, rows_k, _i64(0)),
+        probs.zm = ops.divide(ops.subtract(target, row_max), t_col)  # z - max z
+        probs.e = ops.exp(probs.zm)
+        probs.s = ops.reduce_sum(probs.e, _i64([1]), False)  # [R]
+        probs.px = ops.divide(
+            ops.gather(ops.reshape(probs.e, _i64([-1]), False), flat_target_index, _i64(0)),
+            ops.gather(probs.s, rows_k, _i64(0)),
         )
-
-        def p_rows(r: Node) -> Node:
-            return ops.divide(ops.gather(e, r, _i64(0)), _col(ops.gather(s, r, _i64(0))))
-
-        if variant.kind == "typical":
-            entropy = entropy_from_logits(e, zm, s)
     else:
-        px = ops.gather(ops.reshape(target, _i64([-1]), False), flat_target_index, _i64(0))
-
-        def p_rows(r: Node) -> Node:
-            return ops.gather(target, r, _i64(0))
-
-        if variant.kind == "typical":
-            entropy = entropy_of_probs(target)
-
-    if variant.kind == "typical":
-        threshold = typical_threshold(ops.gather(entropy, rows_k, _i64(0)), inp["scalars"])
-        accept = ops.greater(px, threshold)
-    else:
-        if variant.has_draft_probs:
-            q, q_rows = inp["draft_probs"], inp["draft_rows"]
-            flat_q_index = ops.add(ops.multiply(q_rows, vocab), x)
-            qx = ops.gather(ops.reshape(q, _i64([-1]), False), flat_q_index, _i64(0))
-        else:
-            qx = _f32(1.0)
-        u_k = ops.gather(u, draft_cols, _i64(1))
-        accept = ops.logical_and(
-            ops.greater(px, _f32(0.0)), ops.less_equal(ops.multiply(u_k, qx), px)
-        )
+        probs.px = ops.gather(ops.reshape(target, _i64([-1]), False), flat_target_index,
+                              _i64(0))
+    accept, finish = rule(variant, inp, x, probs)
     accepted = leading_accepted(ops.logical_and(accept, valid), n)
-
     # One target row per request: where it rejected, or its bonus row.
-    row_a = _squeeze_col(_take(rows, accepted))
-    p_a = p_rows(row_a)  # [B, V]
-    rejected = ops.less(accepted, n)
-    v = ops.gather(u, k, _i64(1))  # column K: the draw uniform, [B]
-    if variant.kind == "typical":
-        recovered, _ = first_argmax(p_a, inp["block"])
-        return accepted, ops.select(rejected, recovered, inverse_cdf_draw(p_a, v))
+    p_a = probs.rows(target, _squeeze_col(_take(rows, accepted)))  # [B, V]
+    v = ops.gather(inp["uniforms"], k, _i64(1))  # column K: the draw uniform, [B]
+    return accepted, finish(accepted, ops.less(accepted, n), p_a, v)
 
-    return accepted, _rejection_draw(variant, inp, accepted, rejected, p_a, v)
+
+@dataclass
+class Probs:
+    """The target's probabilities as a sampled rule reads them: ``px [B, K]`` (of each draft),
+    and from logits ``e = exp(zm)`` with ``zm = (z - max z) / T`` and row sums ``s [R]``."""
+
+    rows_k: Node
+    px: Node | None = None
+    e: Node | None = None
+    zm: Node | None = None
+    s: Node | None = None
+
+    def rows(self, target: Node, r: Node) -> Node:
+        """The probability rows ``r`` of the target."""
+        if self.e is None:
+            return ops.gather(target, r, _i64(0))
+        return ops.divide(ops.gather(self.e, r, _i64(0)), _col(ops.gather(self.s, r, _i64(0))))
+
+
+Finish = Callable[[Node, Node, Node, Node], Node]
+"""``finish(accepted, rejected, p_a, v)``: the final token of each request."""
+
+
+def _rejection(variant: Variant, inp: dict[str, Node], x: Node, probs: Probs
+               ) -> tuple[Node, Finish]:
+    """Rejection sampling: accept ``x`` iff ``u q(x) <= p(x)``; the final token a draw from
+    the residual (:func:`_rejection_draw`)."""
+    vocab, k = _dim(inp["target"], 1), _dim(x, 1)
+    if variant.has_draft_probs:
+        flat_q_index = ops.add(ops.multiply(inp["draft_rows"], vocab), x)
+        qx = ops.gather(ops.reshape(inp["draft_probs"], _i64([-1]), False), flat_q_index,
+                        _i64(0))
+    else:
+        qx = _f32(1.0)
+    u_k = ops.gather(inp["uniforms"], _iota(k), _i64(1))
+    accept = ops.logical_and(ops.greater(probs.px, _f32(0.0)),
+                             ops.less_equal(ops.multiply(u_k, qx), probs.px))
+
+    def finish(accepted: Node, rejected: Node, p_a: Node, v: Node) -> Node:
+        return _rejection_draw(variant, inp, accepted, rejected, p_a, v)
+
+    return accept, finish
+
+
+def _typical(variant: Variant, inp: dict[str, Node], x: Node, probs: Probs
+             ) -> tuple[Node, Finish]:
+    """Typical acceptance: accept ``x`` iff ``p(x) > min(eps, alpha exp(-H))``; after a
+    rejection the row's argmax, else a draw from the bonus row."""
+    if variant.is_logits:
+        entropy = entropy_from_logits(probs.e, probs.zm, probs.s)
+    else:
+        entropy = entropy_of_probs(inp["target"])
+    threshold = typical_threshold(ops.gather(entropy, probs.rows_k, _i64(0)), inp["scalars"])
+
+    def finish(accepted: Node, rejected: Node, p_a: Node, v: Node) -> Node:
+        recovered, _ = first_argmax(p_a, inp["block"])
+        return ops.select(rejected, recovered, inverse_cdf_draw(p_a, v))
+
+    return ops.greater(probs.px, threshold), finish
+
+
+SAMPLED: dict[str, Callable[[Variant, dict[str, Node], Node, Probs], tuple[Node, Finish]]] = {
+    "rejection": _rejection,
+    "typical": _typical,
+}
+"""The token-wise graphs' sampled rules: each builds its acceptance test and final token
+(``backend.CHAIN_RULES`` routes these names here)."""
 
 
 def _rejection_draw(variant: Variant, inp: dict[str, Node], accepted: Node, rejected: Node,

@@ -14,6 +14,7 @@ chain gives exactly ``verify``'s answer on this backend.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from portable_verify.backends.openvino.traversal import traversal_walk
 from portable_verify.backends.openvino.tree_graphs import TreeGraph
+from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
 
@@ -113,8 +115,10 @@ def verify_tree_openvino(backend: Any, inputs: TreeInputs, scalars: np.ndarray
         if inputs.all_greedy:
             path, final, a = greedy_walk(Walk(backend, inputs, tree, scalars))
         else:
-            walk = {"typical": typical_walk, "traversal": traversal_walk}.get(
-                inputs.sampled_method, rejection_walk)
+            walk = WALKS.get(inputs.sampled_method)
+            if walk is None:
+                raise methods.unknown_rule(inputs.sampled_method, backend.qualified_name,
+                                           methods.TREE)
             path, final, a = walk(Walk(backend, inputs, tree, scalars))
             if not inputs.none_greedy:
                 row = np.asarray(inputs.temperature) == 0
@@ -198,3 +202,8 @@ def rejection_walk(w: Walk) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
                 q[at] = q_at
     final = w.run(TreeGraph("draw"), [weights, u[:, w.n - 1]])[0]
     return w.path, final, w.a
+
+
+WALKS: dict[str, Callable[[Walk], tuple[np.ndarray, np.ndarray, np.ndarray]]] = {
+    "rejection": rejection_walk, "typical": typical_walk, "traversal": traversal_walk}
+"""The tree rules and the walk of each: the family's tree table (``backend.TREE_RULES``)."""

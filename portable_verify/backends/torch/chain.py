@@ -21,6 +21,7 @@ temporaries in cache; figures are in docs/benchmarks.md.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -115,12 +116,13 @@ def _greedy(ops: ArrayOps, target: torch.Tensor, drafts: Array, valid: Array, ro
 
 
 def _sampled(ops: ArrayOps, inputs: VerifyInputs, x: Array, valid: Array, n: Array, rows: Array,
-             checks: ReadChecks | None, greedy_row: Array | None) -> tuple[Array, Array]:
-    """Accepted counts and final tokens of sampled rows (rejection or typical)."""
+             checks: ReadChecks | None, greedy_row: Array | None,
+             typical: bool = False) -> tuple[Array, Array]:
+    """Accepted counts and final tokens of sampled rows: rejection sampling, or with
+    ``typical`` typical acceptance (:data:`CHAIN_RULES` binds it)."""
     xp = ops.xp
     b, k = x.shape
     target, v_size = inputs.target, inputs.vocab_size
-    typical = inputs.sampled_method == "typical"
     u = ops.array(inputs.uniforms)
     read = rows[:, :k]  # the rows a decision reads: draft positions, never the bonus row
     flat = read.reshape(-1)
@@ -175,9 +177,9 @@ def _sampled(ops: ArrayOps, inputs: VerifyInputs, x: Array, valid: Array, n: Arr
               if inputs.draft_probs is not None and k > 0 else row_a)
     t_a = t if t is not None else u[:, k]  # (unused for probabilities)
     rejected = a < n
-    token, *stats = per_row(ops, _final_token(ops, inputs, k, checks is not None), row_a, x_a,
-                            q_rows, rejected, u[:, k], t_a, width=v_size, scratch=2,
-                            tile=torch_ops.CPU_FINAL_TILE_ELEMENTS)
+    final = _final_token(ops, inputs, k, checks is not None, typical)
+    token, *stats = per_row(ops, final, row_a, x_a, q_rows, rejected, u[:, k], t_a,
+                            width=v_size, scratch=2, tile=torch_ops.CPU_FINAL_TILE_ELEMENTS)
     if checks is not None:  # the row each request's draw (or argmax) read in full
         if inputs.target_is_logits:
             checks.maxima(stats[0], sampled)
@@ -189,8 +191,8 @@ def _sampled(ops: ArrayOps, inputs: VerifyInputs, x: Array, valid: Array, n: Arr
     return a, token
 
 
-def _final_token(ops: ArrayOps, inputs: VerifyInputs, k: int,
-                 with_stats: bool) -> Callable[..., tuple[Array, ...]]:
+def _final_token(ops: ArrayOps, inputs: VerifyInputs, k: int, with_stats: bool,
+                 typical: bool) -> Callable[..., tuple[Array, ...]]:
     """The recovered-or-bonus token of requests from their one target row (and draft row).
 
     From logits the row becomes ``e = exp((l - max) / T)``: the draws need no normalisation,
@@ -199,7 +201,6 @@ def _final_token(ops: ArrayOps, inputs: VerifyInputs, k: int,
     are in cache: the logits row's maximum, or the minimum and sum of the ``p`` (and ``q``) row.
     """
     target, draft_probs = inputs.target, inputs.draft_probs
-    typical = inputs.sampled_method == "typical"
     logits = inputs.target_is_logits
 
     def final(row_a: Array, x_a: Array, q_rows: Array, rejected: Array, v: Array, t: Array,
@@ -231,5 +232,6 @@ def _final_token(ops: ArrayOps, inputs: VerifyInputs, k: int,
 
 
 CHAIN_RULES: dict[str, Callable[..., tuple[Array, Array]]] = {
-    "rejection": _sampled, "typical": _sampled, "block": _block}
+    "rejection": _sampled, "typical": functools.partial(_sampled, typical=True),
+    "block": _block}
 """The sampled rules this backend implements for chains (its traits read the keys)."""

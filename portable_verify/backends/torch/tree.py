@@ -183,10 +183,10 @@ class FirstTests:
     ``0..N-2``) in one pass up front, so nothing waits on the host.
     """
 
-    def __init__(self, ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> None:
+    def __init__(self, ops: ArrayOps, inputs: TreeInputs, tree: Tree, typical: bool) -> None:
         self.ops, self.inputs, self.tree = ops, inputs, tree
         b, n = inputs.batch_size, inputs.num_slots
-        self.typical = inputs.sampled_method == "typical"
+        self.typical = typical
         self.t = _temperatures(ops, ops.array(inputs.temperature))
         self.requests = ops.arange(b)
         if ops.host:
@@ -538,7 +538,8 @@ def _sampled_walk(ops: ArrayOps, inputs: TreeInputs, tree: Tree) -> tuple[Array,
     walk = TREE_RULES.get(rule)  # type: ignore[arg-type]
     if walk is None:
         raise methods.unknown_rule(rule, f"torch:{inputs.target.device.type}", methods.TREE)
-    return walk(ops, inputs, tree, FirstTests(ops, inputs, tree))
+    # Only the typical walk's tests compute the rows' thresholds (and entropies).
+    return walk(ops, inputs, tree, FirstTests(ops, inputs, tree, walk is _typical_walk))
 
 
 TREE_RULES = {"rejection": _rejection_walk, "typical": _typical_walk,

@@ -58,8 +58,7 @@ ENV_TYPICAL_ALPHA = "PORTABLE_VERIFY_VLLM_TYPICAL_ALPHA"
 OPTION_FLAGS = {"--typical-eps": ENV_TYPICAL_EPS, "--typical-alpha": ENV_TYPICAL_ALPHA}
 """The method's options as ``portable-verify serve`` flags, each setting its variable (a new
 option is a row here, not a change to the command)."""
-VLLM_METHODS: tuple[str, ...] = tuple(
-    m for m in methods.names(methods.CHAIN) if m not in ("auto", "greedy"))
+VLLM_METHODS: tuple[str, ...] = methods.sampled(methods.CHAIN)
 """The chain rules of the method table a sampled request can be verified by inside vLLM
 (greedy requests stay greedy; ``auto`` is ``rejection``)."""
 _ON = ("1", "on", "true", "yes", "sampler")
@@ -113,13 +112,17 @@ class Settings:
     def describe(self) -> str:
         """The log line's account of the choice (why block gains nothing without draft probs)."""
         text = f"method {self.method!r}, backend {self.backend!r}"
-        if self.method == "typical":
-            text += f", typical {self.typical}"
-        if self.method == "block":
-            text += ("; block gains only with draft probabilities (a draft model with "
-                     "draft_sample_method 'probabilistic'): with n-gram or greedy drafts it "
-                     "equals token-wise rejection in expectation")
-        return text
+        options = methods.TABLE[self.method].options
+        if options:
+            text += f", {options} {getattr(self, options)}"
+        return text + _NOTES.get(self.method, "")
+
+
+_NOTES = {  # the log line's word on a method (a table: a method without one says nothing)
+    "block": ("; block gains only with draft probabilities (a draft model with "
+              "draft_sample_method 'probabilistic'): with n-gram or greedy drafts it "
+              "equals token-wise rejection in expectation"),
+}
 
 
 def settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -136,7 +139,7 @@ def settings(environ: Mapping[str, str] | None = None) -> Settings:
                             f"got {env[ENV_METHOD]!r}")
     given = {name: env[name].strip() for name in (ENV_TYPICAL_EPS, ENV_TYPICAL_ALPHA)
              if env.get(name, "").strip()}
-    if given and method != "typical":
+    if given and methods.TABLE[method].options is None:
         raise SettingsError(f"{', '.join(given)} apply to {ENV_METHOD}=typical only; "
                             f"the method is {method!r}")
     values = {}

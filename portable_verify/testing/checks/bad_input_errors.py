@@ -27,7 +27,7 @@ from portable_verify.testing.cases.bad_inputs import (
 from portable_verify.testing.checks.reference_comparison import check_shapes
 from portable_verify.testing.kit import CheckResult, check, summarize
 
-METHODS = tuple(m for m in methods.names(methods.CHAIN) if m != "auto")
+METHODS = methods.distinct(methods.CHAIN)
 """The chain methods of the method table (``auto`` is ``rejection``)."""
 
 
@@ -35,8 +35,8 @@ def methods_of(backend: str, layout: str = methods.CHAIN) -> tuple[str, ...]:
     """The methods of ``layout`` the backend implements (read from the table and its traits;
     ``auto`` left out: it is ``rejection``)."""
     traits = pv.get_backend(backend).traits
-    return tuple(m for m in methods.names(layout)
-                 if m != "auto" and traits.implements(layout, methods.TABLE[m].rule))
+    return tuple(m for m in methods.distinct(layout)
+                 if traits.implements(layout, methods.TABLE[m].rule))
 
 
 def expect_error(call: dict[str, Any], backend: str, argument: str,
@@ -60,18 +60,18 @@ def expect_error(call: dict[str, Any], backend: str, argument: str,
 def raises(backend: str, quick: bool) -> CheckResult:
     """Every documented bad input raises ValueError/TypeError naming the argument."""
     failures = []
-    block = "block" in methods_of(backend)
+    by_data = [m for m in methods_of(backend) if methods.reads_rows_by_data(m)]
     device = torch_device(backend)
     for case in BAD_CASES:
         problem = expect_error(case.build(device), backend, case.argument, case.error)
         if problem:
             failures.append(f"{case.label}: {problem}")
         call = case.build(device)
-        if block and "method" not in call:  # block calls are checked at the front door too
-            problem = expect_error({**call, "method": "block"}, backend, case.argument,
+        for method in by_data if "method" not in call else ():  # checked at the door too
+            problem = expect_error({**call, "method": method}, backend, case.argument,
                                    case.error)
             if problem:
-                failures.append(f"{case.label} (block): {problem}")
+                failures.append(f"{case.label} ({method}): {problem}")
     for case in FULL_ONLY_CASES:  # values the default level does not read
         problem = expect_error({**case.build(device), "validate": "full"}, backend, case.argument,
                                case.error)

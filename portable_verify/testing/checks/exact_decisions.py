@@ -128,7 +128,7 @@ def mixed_greedy_rows(backend: str, quick: bool) -> CheckResult:
                         target="logits" if i % 2 else "probs", ties=i % 3 == 0,
                         draft_probs=i % 4 < 2, ragged=i % 5 < 3)
         kwargs = build_case(spec, device=device)
-        for method in ("rejection", "typical"):
+        for method in ("rejection", "typical"):  # narrower: block's: block_verification
             mixed = compare(tally, backend, spec.label, kwargs, method)
             greedy = host(kwargs["temperature"]) == 0
             if not greedy.any() or tally.failures:

@@ -45,6 +45,7 @@ import numpy as np
 import torch
 
 import portable_verify as pv
+from portable_verify.core import methods
 from portable_verify.dispatch import torch_device
 from portable_verify.testing.cases.call_forms import (
     BROKEN,
@@ -93,9 +94,12 @@ def _slow(backend: str) -> bool:
     return traits is not None and not traits.statistical_sizes
 
 
-def _has_block(backend: str) -> bool:
-    traits = getattr(pv.get_backend(backend), "traits", None)
-    return traits is not None and traits.implements("chain", "block")
+def _methods(backend: str) -> list[str]:
+    """The table's chain methods ``backend`` implements (greedy and ``auto`` included)."""
+    traits = pv.get_backend(backend).traits
+    return [m for m in methods.names(methods.CHAIN)
+            if methods.TABLE[m].rule is None or traits.implements(methods.CHAIN,
+                                                                  methods.TABLE[m].rule)]
 
 
 def _strategy(backend: str, garbage: bool) -> Any:
@@ -119,8 +123,7 @@ def _strategy(backend: str, garbage: bool) -> Any:
     return st.builds(
         FuzzCase,
         spec=spec,
-        method=st.sampled_from(["auto", "greedy", "rejection", "typical",
-                                *(["block"] if _has_block(backend) else [])]),
+        method=st.sampled_from(_methods(backend)),
         ragged=st.booleans(),
         numpy=st.booleans() if host_inputs else st.just(False),
         float_dtype=st.sampled_from(FLOATS),
@@ -256,8 +259,8 @@ def check_validated_call(backend: str, case: FuzzCase) -> list[str]:
     problems += zero_probability_tokens(got, ref_kwargs)
     bad = (host(want.token_ids) != host(got.token_ids)).any(1)
     if bad.any() and "uniforms" in ref_kwargs:
-        bad &= ~near_boundary_rows(ref_kwargs, "rejection" if case.method == "auto"
-                                   else case.method)
+        bad &= ~near_boundary_rows(ref_kwargs,
+                                   methods.TABLE[case.method].rule or case.method)
     for i in np.flatnonzero(bad):
         problems.append(f"row {i}: reference {host(want.token_ids)[i].tolist()}, "
                         f"{backend} {host(got.token_ids)[i].tolist()}")
@@ -290,7 +293,7 @@ def _probes(device: torch.device) -> list[tuple[str, dict[str, Any]]]:
     for i, spec in enumerate([CaseSpec(2, 2, 5, 11, draft_probs=True, ragged=True),
                               CaseSpec(2, 3, 6, 12, target="probs", temperature="vector"),
                               CaseSpec(1, 1, 4, 13, ties=True)]):
-        method = ("auto", "typical", "greedy")[i]
+        method = ("auto", "typical", "greedy")[i]  # narrower: one of each kind
         out.append((method, build_case(spec, device=device)))
     return out
 

@@ -75,7 +75,7 @@ def workload(device: torch.device | str = "cpu") -> list[tuple[str, dict[str, An
         if label.startswith("ragged"):
             kwargs = to_ragged(kwargs)
         kwargs = on_device(kwargs, device)
-        for method in ("greedy", "auto", "typical"):
+        for method in ("greedy", "auto", "typical"):  # narrower: one of each kind of rule
             work.append((label, kwargs, method))
     return work
 

@@ -12,12 +12,14 @@ argmax decisions get no tolerance at all; only cumulative sums (summation order)
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from portable_verify.backends.numpy.chain import entropy, softmax
+from portable_verify.core import methods
 from portable_verify.core.types import DEFAULT_TYPICAL
 
 VALUE_RTOL = 1e-5
@@ -34,7 +36,7 @@ def _host(x: Any) -> np.ndarray:
 
 
 def _temperatures(temperature: Any, b: int, method: str) -> np.ndarray:
-    if method == "greedy":
+    if methods.greedy_only(method):
         return np.zeros(b, np.float32)
     if temperature is None:
         return np.ones(b, np.float32)
@@ -69,9 +71,9 @@ def near_boundary_rows(
         if temps[i] == 0:
             events["greedy_row"] += 1
             continue  # greedy: an argmax of the inputs as given, no rounding anywhere
-        flags[i] = _row_near_boundary(
+        flags[i] = _ROWS[methods.TABLE[method].rule](
             drafts[i], target[i], None if q is None else q[i], int(counts[i]), float(temps[i]),
-            is_logits, method, u[i], eps, alpha, events,
+            is_logits, u[i], events, (eps, alpha),
         )
     return flags
 
@@ -172,12 +174,12 @@ def _block_row_near_boundary(
     return _draw_ambiguous(w, float(u[-1]), 2 * (a + 2) * rtol * float(p[a].sum()))
 
 
-def _row_near_boundary(
+def _token_row_near_boundary(
     drafts: np.ndarray, target: np.ndarray, q: np.ndarray | None, n: int, temperature: float,
-    is_logits: bool, method: str, u: np.ndarray, eps: float, alpha: float, events: Counter[str],
+    is_logits: bool, u: np.ndarray, events: Counter[str], typical: tuple[float, float] | None,
 ) -> bool:
-    if method == "block":
-        return _block_row_near_boundary(drafts, target, q, n, temperature, is_logits, u, events)
+    """The token-wise paths: rejection sampling, or typical acceptance with ``typical``'s
+    ``(eps, alpha)``."""
     rtol = VALUE_RTOL if is_logits else 0.0
     v = float(u[-1])
     for j in range(n + 1):
@@ -188,7 +190,8 @@ def _row_near_boundary(
             events["all_accepted"] += 1
             return _draw_ambiguous(p, v, p_err)
         x = int(drafts[j])
-        if method == "typical":
+        if typical is not None:
+            eps, alpha = typical
             threshold = min(eps, alpha * np.exp(-entropy(p)))
             if _close(float(p[x]), threshold, VALUE_RTOL):  # entropy is always computed
                 return True
@@ -219,3 +222,11 @@ def _row_near_boundary(
         w = residual if residual.any() else p
         return _draw_ambiguous(w, v, 2 * p_err)
     return False
+
+
+_ROWS: dict[str, Callable[..., bool]] = {
+    "rejection": lambda *row: _token_row_near_boundary(*row[:-1], None),
+    "typical": _token_row_near_boundary,
+    "block": lambda *row: _block_row_near_boundary(*row[:-1]),
+}
+"""Each rule's margins by its name (the last argument: the typical parameters)."""

@@ -59,7 +59,7 @@ class RuleBackend(ControlBackend):
 
     array_kind = "torch"
     description = "a statistical negative control (not a real backend)"
-    traits = BackendTraits(chain_rules=("rejection", "typical", "block"))
+    traits = BackendTraits(chain_rules=("rejection", "typical", "block"))  # narrower: a double
     rule: Rule
 
     def run(self, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:

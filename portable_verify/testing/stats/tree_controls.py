@@ -44,8 +44,9 @@ class TreeRule:
 class TreeRuleBackend(ControlBackend):
     array_kind = "numpy"
     description = "a statistical negative control for trees (not a real backend)"
-    traits = BackendTraits(layouts=("chain", "tree"), chain_rules=("rejection", "typical"),
-                           tree_rules=("rejection", "typical"))
+    traits = BackendTraits(layouts=("chain", "tree"),  # narrower: a test double's rules
+                           chain_rules=("rejection", "typical"),  # narrower: a test double
+                           tree_rules=("rejection", "typical"))  # narrower: a test double
     rule: TreeRule
 
     def run(self, inputs):  # type: ignore[no-untyped-def]
