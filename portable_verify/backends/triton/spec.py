@@ -105,6 +105,40 @@ class ChainSpec:
     tokens_dtype: torch.dtype = torch.int64
     emitted_dtype: torch.dtype = torch.int64
 
+    def check_shapes(self) -> None:
+        """The shapes the kernels index by, checked on the host (metadata only, no value read):
+        with ``validate=False`` a mismatch would otherwise be a read out of bounds."""
+        b, k = self.b, self.k
+        per_request = [("temperature", self.temperature, self.request_map is None),
+                       ("seed", self.seeds, self.request_map is None),
+                       ("seed_offset", self.offsets, self.offset_kind == "values"),
+                       ("bonus_token_ids", self.bonus, True),
+                       ("request_map", self.request_map, True)]
+        sizes_len = {"counts": b, "cu": b + 1, "cu_inclusive": b}.get(self.sizes_kind or "", 0)
+        expected = [(name, x, (b,)) for name, x, exact in per_request
+                    if exact and isinstance(x, torch.Tensor)]
+        expected += [("uniforms", self.uniforms, (b, k + 1)), ("target_rows", self.rows,
+                                                               (b, k + 1)),
+                     ("draft_rows", self.q_rows, (b, k)),
+                     ("num_draft_tokens", self.sizes, (sizes_len,))]
+        if not self.flat:
+            expected.append(("draft_token_ids", self.drafts, (b, k)))
+        for name, x, shape in expected:
+            if x is not None and tuple(x.shape) != shape:
+                raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
+        for name, x in (("temperature", self.temperature), ("seed", self.seeds),
+                        ("seed_offset", self.offsets)):
+            if isinstance(x, torch.Tensor) and (x.dim() != 1 or x.shape[0] == 0) and b > 0:
+                raise ValueError(f"{name} must be a [B] tensor, got shape {tuple(x.shape)}")
+        if b > 0 and self.target.shape[0] == 0:
+            raise ValueError("the target has no rows for its B > 0 requests")
+        q = self.q
+        if q is not None and b * k > 0 and q.shape[0] == 0:
+            raise ValueError("draft_probs has no rows for the drafts of its B > 0 requests")
+        if q is not None and q.shape[-1] != self.target.shape[-1]:
+            raise ValueError(f"draft_probs must have V = {self.target.shape[-1]} columns, got "
+                             f"{q.shape[-1]}")
+
     @property
     def u_kind(self) -> str | None:
         if self.all_greedy:
@@ -190,6 +224,7 @@ def from_call(call: VerifyCall) -> ChainSpec:
     _randomness(spec, call.seed, call.seed_offset, device)
     if flat is not None and flat.offsets_at_first_row and spec.offset_kind == "values":
         spec.offset_kind = "at_first_row"
+    spec.check_shapes()
     return spec
 
 
