@@ -269,7 +269,7 @@ _GROUP_TYPES = {  # each grouped argument's element types, as chain.launch passe
     ("_decide_kernel", "target"): ("*{dtype}", "i32", "*i64"),
     ("_decide_kernel", "draft"): ("*i64", "*{dtype}", "i32", "*i64"),
     ("_decide_kernel", "request"): ("*i64", "*fp32", "*fp32"),
-    "stats": ("*i32", "*fp32", "*fp32", "*fp32"),
+    "stats": ("*i32", "*fp32", "*fp32", "*fp32", "*fp32", "*i32", "i32", "i32"),
     "out": ("*i32", "*i64", "*i64"),
     "bonus": ("*i64", "i32", "*i64"),
     "scalars": ("i32", "i32", "i32", "i32", "fp32", "fp32"),
@@ -311,7 +311,7 @@ def _flags(**kw):  # type: ignore[no-untyped-def]
     from portable_verify.backends.triton import spec
 
     return spec.pack(spec.DECIDE_BITS, **{"IS_LOGITS": 1, "HAS_Q": 0, "HAS_U": 1,
-                                          "HAS_GREEDY": 1, "HAS_BONUS": 0, **kw})
+                                          "HAS_GREEDY": 1, "HAS_BONUS": 0, "SPLIT": 0, **kw})
 
 
 _COMPILE_CASES = [
@@ -328,8 +328,13 @@ _COMPILE_CASES = [
     ("cuda", 80, 32, "_layout_kernel", "fp32",
      dict(LAYOUT=_layout(SIZES=1, ROWS_GIVEN=1, QROWS_GIVEN=1), SOURCES=_sources(U_SRC=1),
           STATS=4, BLOCK=4096, KB=2, SUM_BLOCK=256)),
+    ("cuda", 90, 32, "_layout_kernel", "fp32",
+     dict(LAYOUT=_layout(SIZES=2, FLAT=1), SOURCES=_sources(TEMP=1, U_SRC=2), STATS=15,
+          BLOCK=2048, KB=8, SUM_BLOCK=256)),
     ("cuda", 90, 32, "_decide_kernel", "fp32",
      dict(FLAGS=_flags(HAS_Q=1, HAS_BONUS=1), RULE=0, BLOCK=2048, KB=8)),
+    ("cuda", 90, 32, "_decide_kernel", "bf16",
+     dict(FLAGS=_flags(SPLIT=1), RULE=1, BLOCK=2048, KB=8)),
     ("cuda", 80, 32, "_decide_kernel", "fp16",
      dict(FLAGS=_flags(IS_LOGITS=0), RULE=1, BLOCK=2048, KB=2)),
     ("cuda", 90, 32, "_decide_kernel", "bf16",

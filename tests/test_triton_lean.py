@@ -267,3 +267,42 @@ def test_int_seeds_hash_in_the_kernel_like_row_seeds() -> None:
             want = pv.verify(**call, temperature=0.9, seed=seed, seed_offset=offset,
                              backend="numpy")
             assert torch.equal(got.token_ids, want.token_ids), (seed, offset)
+
+
+@pytest.mark.parametrize("b", [1, 16])
+def test_small_batches_split_the_vocabulary_on_a_gpu(b: int) -> None:
+    """The row-statistics launch of a (B, 4, 128256) call on a GPU has >= 128 programs."""
+    from portable_verify.backends.triton.chain import vocabulary_split
+
+    rows = b * 5
+    for block in (1024, 2048, 4096):
+        splits, chunk = vocabulary_split(rows, 128256, block, False, True)
+        assert rows * splits >= 128 and chunk % block == 0 and (splits - 1) * chunk < 128256
+    assert vocabulary_split(rows, 128256, 2048, False, False) == (1, 128256)  # no statistics
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_split_vocabulary_decides_as_one_program_per_row(method: str, monkeypatch) -> None:
+    """Merged slice statistics (first argmax, online softmax, entropy) give the decisions of
+    whole rows, ties and -inf slices included; the interpreter splits a row longer than its
+    block in two, and the control runs unsplit."""
+    from portable_verify.backends.triton import interpreter
+
+    g = torch.Generator().manual_seed(6)
+    b, k, v = 3, 2, 2100
+    logits = torch.randn(b, k + 1, v, generator=g) * 3
+    logits[0, 0, 1500] = logits[0, 0, 40] = logits[0, 0].max() + 1  # a tie across slices
+    logits[1, 1, :1100] = float("-inf")  # a whole slice of -inf
+    drafts = logits[:, :k].argmax(-1)
+    drafts[1, 0] = 3
+    kw = dict(draft_token_ids=drafts, target_logits=logits, method=method,
+              temperature=torch.tensor([0.0, 0.7, 1.2]), seed=9, backend=BACKEND,
+              validate=False)
+    with counted() as (_, launches):
+        split = pv.verify(**kw)
+    assert launches[0][1][2] == 2, launches
+    monkeypatch.setattr(interpreter.interpreted_kernels(), "INTERPRETED_SPLITS", 1)
+    whole = pv.verify(**kw)
+    assert torch.equal(split.token_ids, whole.token_ids)
+    assert torch.equal(split.token_ids,
+                       pv.verify(**{**kw, "backend": "numpy"}).token_ids)

@@ -119,22 +119,23 @@ def _p_chunk(base, offs, V, t, m, s, IS_LOGITS: tl.constexpr):
 
 
 @_device
-def _row_stats(base, t_safe, V, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.constexpr,
-               NEED_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
-    """One pass over a target row: ``(first argmax, max logit, sum of exp((l - max) / T),
-    entropy)``; each only when asked (the tree kernel reuses it, so chains round alike)."""
+def _row_stats_range(base, t_safe, lo, hi, NEED_ARGMAX: tl.constexpr,
+                     NEED_SOFTMAX: tl.constexpr, NEED_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
+    """One pass over columns ``[lo, hi)`` of a target row: ``(max, first argmax, max logit,
+    sum of exp((l - max) / T), w)`` with ``w`` the raw entropy accumulator; each only when
+    asked. A vocabulary split's partials combine with :func:`_merge_stats`."""
     lane = tl.arange(0, BLOCK)
     best = tl.max(tl.full([BLOCK], float("-inf"), tl.float32), 0)
     best_idx = tl.min(tl.zeros([BLOCK], tl.int32), 0)
     m = best
     s = tl.sum(tl.zeros([BLOCK], tl.float32), 0)
     w = s  # sum of e * (z - max z) (logits) or -sum p log p (probs)
-    for start in range(0, V, BLOCK):
+    for start in range(lo, hi, BLOCK):
         offs = start + lane
-        valid = offs < V
+        valid = offs < hi
         x = tl.load(base + offs, mask=valid, other=float("-inf")).to(tl.float32)
         if NEED_ARGMAX:
-            best, best_idx = _chunk_first_argmax(x, offs, best, best_idx, V)
+            best, best_idx = _chunk_first_argmax(x, offs, best, best_idx, hi)
         if NEED_SOFTMAX:  # online softmax; m is the running raw max logit
             m_new = tl.maximum(m, tl.max(x, 0))
             seen = m > float("-inf")
@@ -150,9 +151,47 @@ def _row_stats(base, t_safe, V, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.cons
         elif NEED_ENTROPY:
             px = tl.where(valid & (x > 0), x, 1.0)  # 1 log 1 = 0 stands in for 0 log 0
             w += tl.sum(-px * tl.log(px), 0)
+    return best, best_idx, m, s, w
+
+
+@_device
+def _row_stats(base, t_safe, V, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.constexpr,
+               NEED_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
+    """One pass over a target row: ``(first argmax, max logit, sum of exp((l - max) / T),
+    entropy)``; each only when asked (the tree kernel reuses it, so chains round alike)."""
+    _best, best_idx, m, s, w = _row_stats_range(base, t_safe, 0, V, NEED_ARGMAX, NEED_SOFTMAX,
+                                                NEED_ENTROPY, BLOCK)
     if NEED_SOFTMAX:
         w = tl.log(s) - w / s
     return best_idx, m, s, w
+
+
+@_device
+def _merge_stats(acc, part, t_safe, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.constexpr,
+                 NEED_ENTROPY: tl.constexpr):
+    """Two states ``(max, first argmax, max logit, sum, w)`` of adjacent column ranges (``acc``
+    first) as one, by the rules of :func:`_row_stats_range`'s chunk fold: strict ``>`` keeps
+    the lowest index, the sums rescale to the larger max."""
+    best, idx, m, s, w = acc
+    best2, idx2, m2, s2, w2 = part
+    if NEED_ARGMAX:
+        better = best2 > best
+        best = tl.where(better, best2, best)
+        idx = tl.where(better, idx2, idx)
+    if NEED_SOFTMAX:
+        m_new = tl.maximum(m, m2)
+        dz = (tl.where(m > float("-inf"), m, m_new) - m_new) / t_safe
+        dz2 = (tl.where(m2 > float("-inf"), m2, m_new) - m_new) / t_safe
+        scale = tl.where(m > float("-inf"), tl.exp(dz), 0.0)
+        scale2 = tl.where(m2 > float("-inf"), tl.exp(dz2), 0.0)
+        if NEED_ENTROPY:
+            w = (tl.where(scale > 0, scale * (w + dz * s), 0.0)
+                 + tl.where(scale2 > 0, scale2 * (w2 + dz2 * s2), 0.0))
+        s = s * scale + s2 * scale2
+        m = m_new
+    elif NEED_ENTROPY:
+        w = w + w2
+    return best, idx, m, s, w
 
 
 @_device
@@ -268,17 +307,19 @@ def _layout_kernel(
     NEED_ARGMAX: tl.constexpr = STATS % 2 == 1
     NEED_SOFTMAX: tl.constexpr = STATS // 2 % 2 == 1
     NEED_ENTROPY: tl.constexpr = STATS // 4 % 2 == 1
+    SPLIT: tl.constexpr = STATS // 8 % 2 == 1
     drafts_ptr, d_s0, d_s1, N, sizes_ptr, sizes_s = source
     rows_ptr, rows_s0, rows_s1, qrows_ptr, qrows_s0, qrows_s1 = given
     map_ptr, temp_ptr, temp_s, t_scalar = request
     u_ptr, u_s0, u_s1, seed_ptr, seed_s, seed_k1, seed_k2, off_ptr, off_s, off_scalar = randomness
     target_ptr, target_stride = target
     w_drafts, w_rows, w_qrows, w_counts, w_caller, w_temps, w_u = work
-    argmax_ptr, max_ptr, sum_ptr, ent_ptr = stats
+    argmax_ptr, max_ptr, sum_ptr, ent_ptr, part_ptr, part_idx_ptr, S, CHUNK = stats
     V, K, R, _RQ, _eps, _alpha = scalars
     K1 = K + 1
     b = tl.program_id(0)
     j = tl.program_id(1)
+    sp = tl.program_id(2)  # the vocabulary slice [sp CHUNK, (sp + 1) CHUNK) of S
     n_caller, base = _span(b, sizes_ptr, sizes_s, K, SIZES, FLAT, COUNT_MINUS, SUM_BLOCK)
     # The drafts the caller counts, and the cut at the first -1 (effective_counts).
     lanes = tl.arange(0, KB)
@@ -297,7 +338,8 @@ def _layout_kernel(
     else:
         state = _int64(b)
     t = _request_temperature(state, temp_ptr, temp_s, t_scalar, TEMP)
-    if j == 0:
+    first = sp == 0  # the work record is written by the first slice's program
+    if first & (j == 0):
         tl.store(w_counts + b, n_eff)
         tl.store(w_caller + b, n_caller)
         tl.store(w_temps + b, t)
@@ -309,8 +351,9 @@ def _layout_kernel(
         if BONUS_ROWS:
             row += b
         row = tl.minimum(tl.maximum(row, 0), R - 1)
-    tl.store(w_rows + b * K1 + j, row)
-    if j < K:
+    if first:
+        tl.store(w_rows + b * K1 + j, row)
+    if first & (j < K):
         tl.store(w_drafts + b * K + j, tl.sum(tl.where(lanes == j, d, 0), 0))
         if QROWS_GIVEN:
             qrow = tl.load(qrows_ptr + b * qrows_s0 + j * qrows_s1).to(tl.int64)
@@ -318,7 +361,8 @@ def _layout_kernel(
             qrow = base + j
         tl.store(w_qrows + b * K + j, qrow)
     if U_SRC == 1:  # the caller's uniforms
-        tl.store(w_u + b * K1 + j, tl.load(u_ptr + b * u_s0 + j * u_s1).to(tl.float32))
+        tl.store(w_u + b * K1 + j, tl.load(u_ptr + b * u_s0 + j * u_s1).to(tl.float32),
+                 mask=first)
     elif U_SRC >= 2:  # the counter hash of the request's seed and offset
         if U_SRC == 2:
             seed = tl.load(seed_ptr + state * seed_s).to(tl.int64)
@@ -331,20 +375,65 @@ def _layout_kernel(
             off = tl.load(off_ptr + b * off_s).to(tl.int64)
         else:  # at the request's first row (vLLM's Model Runner V2: the position there)
             off = tl.load(off_ptr + tl.minimum(tl.maximum(base, 0), R - 1) * off_s).to(tl.int64)
-        tl.store(w_u + b * K1 + j, _hash_uniform(_request_key(seed, off), j, K))
+        tl.store(w_u + b * K1 + j, _hash_uniform(_request_key(seed, off), j, K), mask=first)
     if NEED_ARGMAX or NEED_SOFTMAX or NEED_ENTROPY:  # noqa: SIM102 - constexpr test
         if j <= n:
             row_base = target_ptr + tl.minimum(tl.maximum(row, 0), R - 1) * target_stride
-            best_idx, m, s, ent = _row_stats(row_base, _safe_temperature(t), V, NEED_ARGMAX,
-                                             NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
             out = b * K1 + j
-            if NEED_ARGMAX:
-                tl.store(argmax_ptr + out, best_idx)
-            if NEED_SOFTMAX:
-                tl.store(max_ptr + out, m)
-                tl.store(sum_ptr + out, s)
-            if NEED_ENTROPY:
-                tl.store(ent_ptr + out, ent)
+            if SPLIT:  # this slice's partial state; decide merges the S of them
+                lo = sp * CHUNK
+                best, best_idx, m, s, w = _row_stats_range(
+                    row_base, _safe_temperature(t), lo, tl.minimum(lo + CHUNK, V),
+                    NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
+                slot = (out * S + sp) * 4
+                tl.store(part_ptr + slot, best)
+                tl.store(part_ptr + slot + 1, m)
+                tl.store(part_ptr + slot + 2, s)
+                tl.store(part_ptr + slot + 3, w)
+                tl.store(part_idx_ptr + out * S + sp, best_idx)
+            else:
+                best_idx, m, s, ent = _row_stats(row_base, _safe_temperature(t), V,
+                                                 NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
+                if NEED_ARGMAX:
+                    tl.store(argmax_ptr + out, best_idx)
+                if NEED_SOFTMAX:
+                    tl.store(max_ptr + out, m)
+                    tl.store(sum_ptr + out, s)
+                if NEED_ENTROPY:
+                    tl.store(ent_ptr + out, ent)
+
+
+@_device
+def _merged_stats(stats, b, n, t, K1, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.constexpr,
+                  NEED_ENTROPY: tl.constexpr, KB: tl.constexpr):
+    """Merge the ``S`` vocabulary slices' partial states of request ``b``'s rows ``j <= n``
+    in slice order (``_merge_stats``) and store the row statistics the decision reads."""
+    argmax_ptr, max_ptr, sum_ptr, ent_ptr, part_ptr, part_idx_ptr, S, _CHUNK = stats
+    lanes = tl.arange(0, KB)
+    live = lanes <= n
+    out = b * K1 + lanes
+    t_safe = _safe_temperature(t)
+    acc = (tl.full([KB], float("-inf"), tl.float32), tl.zeros([KB], tl.int32),
+           tl.full([KB], float("-inf"), tl.float32), tl.zeros([KB], tl.float32),
+           tl.zeros([KB], tl.float32))
+    for sp in range(S):
+        at = (out * S + sp) * 4
+        part = (tl.load(part_ptr + at, mask=live, other=float("-inf")),
+                tl.load(part_idx_ptr + out * S + sp, mask=live, other=0),
+                tl.load(part_ptr + at + 1, mask=live, other=float("-inf")),
+                tl.load(part_ptr + at + 2, mask=live, other=0.0),
+                tl.load(part_ptr + at + 3, mask=live, other=0.0))
+        acc = _merge_stats(acc, part, t_safe, NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY)
+    _best, best_idx, m, s, w = acc
+    if NEED_ARGMAX:
+        tl.store(argmax_ptr + out, best_idx, mask=live)
+    if NEED_SOFTMAX:
+        tl.store(max_ptr + out, m, mask=live)
+        tl.store(sum_ptr + out, s, mask=live)
+        w = tl.log(s) - w / s
+    if NEED_ENTROPY:
+        tl.store(ent_ptr + out, w, mask=live)
+    tl.debug_barrier()  # the program's own later loads see these stores
 
 
 @_kernel
@@ -373,7 +462,7 @@ def _block_accepted(
     the token-wise test's lanes ``(live, p(x), q(x), u)``."""
     target_ptr, target_stride, rows_ptr = target
     drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
-    _argmax_ptr, max_ptr, sum_ptr, _ent_ptr = stats
+    _argmax_ptr, max_ptr, sum_ptr, _ent_ptr, _part, _part_idx, _S, _CHUNK = stats
     V, K, R, RQ, _eps, _alpha = scalars
     live, px, qx, u = tests
     K1 = K + 1
@@ -533,7 +622,7 @@ def _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale
     """A sampled row's token after its accepted prefix ``a``: typical's recovered token (the
     argmax of ``p_a``) at a rejection, else the one inverse-CDF draw (:func:`_final_draw`)."""
     target_ptr, target_stride, rows_ptr = target
-    _argmax_ptr, max_ptr, sum_ptr, _ent_ptr = stats
+    _argmax_ptr, max_ptr, sum_ptr, _ent_ptr, _part, _part_idx, _S, _CHUNK = stats
     V, K, R, _RQ, _eps, _alpha = scalars
     stat_a = b * (K + 1) + a
     base = target_ptr + _clamped(tl.load(rows_ptr + stat_a), R) * target_stride
@@ -572,12 +661,13 @@ def _decide_kernel(
     HAS_U: tl.constexpr = FLAGS // 4 % 2 == 1
     HAS_GREEDY: tl.constexpr = FLAGS // 8 % 2 == 1
     HAS_BONUS: tl.constexpr = FLAGS // 16 % 2 == 1
+    SPLIT: tl.constexpr = FLAGS // 32 % 2 == 1
     TYPICAL: tl.constexpr = RULE == RULE_TYPICAL
     BLOCK_VERIFY: tl.constexpr = RULE == RULE_BLOCK
     target_ptr, target_stride, rows_ptr = target
     drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
     counts_ptr, temp_ptr, u_ptr = request
-    argmax_ptr, max_ptr, sum_ptr, ent_ptr = stats
+    argmax_ptr, max_ptr, sum_ptr, ent_ptr, _part, _part_idx, _S, _CHUNK = stats
     tokens_ptr, accepted_ptr, emitted_ptr = out
     bonus_ptr, bonus_stride, caller_ptr = bonus
     V, K, R, RQ, eps, alpha = scalars
@@ -592,6 +682,8 @@ def _decide_kernel(
         greedy = t != t  # all False; written as a tensor so both branches share a type
     if not HAS_U:
         greedy = t == t  # no uniforms: every row is greedy
+    if SPLIT:  # the layout launch left per-slice partial row statistics
+        _merged_stats(stats, b, n, t, K1, HAS_GREEDY, IS_LOGITS & HAS_U, TYPICAL, KB)
 
     # Accepted prefix: every position's test at once (K is small), then the first failure.
     lanes = tl.arange(0, KB)
@@ -702,14 +794,21 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
                else torch.empty(b, dtype=call.emitted_dtype, device=device))
     if b == 0:
         return tokens, accepted, emitted, counts
-    temps, w_u = f32[:b], f32[b:b + b * k1]
-    stats = (argmax, f32[b + b * k1:b + 2 * b * k1], f32[b + 2 * b * k1:b + 3 * b * k1],
-             f32[b + 3 * b * k1:])
     rule = 0 if call.all_greedy else spec.rule_code(call.options.sampled_method)
     typical = rule == spec.RULE_CODES["typical"]
     has_greedy = not call.none_greedy
     need_softmax = call.is_logits and not call.all_greedy
     v = target.shape[1]
+    stats_block = _block(v, 1024 if interpreted else 2048)
+    splits, chunk = vocabulary_split(b * k1, v, stats_block, interpreted,
+                                     has_greedy or need_softmax or typical)
+    part = torch.empty(b * k1 * splits * 4 if splits > 1 else 1, dtype=torch.float32,
+                       device=device)
+    part_idx = torch.empty(b * k1 * splits if splits > 1 else 1, dtype=torch.int32,
+                           device=device)
+    temps, w_u = f32[:b], f32[b:b + b * k1]
+    stats = (argmax, f32[b + b * k1:b + 2 * b * k1], f32[b + 2 * b * k1:b + 3 * b * k1],
+             f32[b + 3 * b * k1:], part, part_idx, splits, chunk)
     q = None if call.q is None else _rows_contiguous(call.q, interpreted)
     rq = 1 if q is None else q.shape[0]
     eps, alpha = call.options.typical.kernel_scalars()
@@ -731,7 +830,7 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
     off_t = call.offsets if isinstance(call.offsets, torch.Tensor) else None
     temp_t = call.temperature if isinstance(call.temperature, torch.Tensor) else None
     rows, qrows, u = call.rows, call.q_rows, call.uniforms
-    mod._layout_kernel[(b, k1)](
+    mod._layout_kernel[(b, k1, splits)](
         (ptr(drafts), d_s0, d_s1, drafts.shape[0] if call.flat else b, ptr(call.sizes),
          stride(call.sizes)),
         (ptr(rows), stride(rows), stride(rows, 1), ptr(qrows), stride(qrows), stride(qrows, 1)),
@@ -750,8 +849,9 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
                           OFFSETS=spec.OFFSET_CODES[call.offset_kind],
                           REQ_MAP=call.request_map is not None),
         STATS=spec.pack(spec.STATS_BITS, NEED_ARGMAX=has_greedy,
-                        NEED_SOFTMAX=need_softmax, NEED_ENTROPY=typical),
-        BLOCK=_block(v, 1024 if interpreted else 4096), KB=kb, SUM_BLOCK=256,
+                        NEED_SOFTMAX=need_softmax, NEED_ENTROPY=typical, SPLIT=splits > 1),
+        BLOCK=_block(v, 1024 if interpreted else 4096) if splits == 1 else stats_block, KB=kb,
+        SUM_BLOCK=256,
         **({} if interpreted else {"num_warps": 8, **_COMPILE_OPTIONS}),
     )  # fmt: skip
     bonus = call.bonus
@@ -762,11 +862,32 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
         (ptr(bonus), stride(bonus), w_caller), scalars,
         FLAGS=spec.pack(spec.DECIDE_BITS, IS_LOGITS=call.is_logits, HAS_Q=q is not None,
                         HAS_U=not call.all_greedy, HAS_GREEDY=has_greedy,
-                        HAS_BONUS=bonus is not None),
+                        HAS_BONUS=bonus is not None, SPLIT=splits > 1),
         RULE=rule, BLOCK=_block(v, 1024 if interpreted else 2048), KB=kb,
         **({} if interpreted else {"num_warps": 4, **_COMPILE_OPTIONS}),
     )  # fmt: skip
     return tokens, accepted, emitted, counts
+
+
+TARGET_PROGRAMS = 256
+"""Row-statistics programs a GPU launch aims at (about two per SM of a large GPU): fewer
+rows than this split each row's vocabulary among programs."""
+INTERPRETED_SPLITS = 2
+"""The interpreter runs programs one after another: it splits a long row in two, enough to
+exercise the merge."""
+
+
+def vocabulary_split(rows: int, v: int, block: int, interpreted: bool,
+                     needed: bool) -> tuple[int, int]:
+    """``(S, CHUNK)``: each of ``rows`` target rows is read by ``S`` programs, one slice of
+    ``CHUNK`` columns each (a multiple of ``block``), so a small batch still fills the GPU."""
+    chunks = -(-v // block)
+    if not needed or chunks == 1:
+        return 1, v
+    want = INTERPRETED_SPLITS if interpreted else -(-TARGET_PROGRAMS // rows)
+    per_slice = -(-chunks // max(1, min(chunks, want)))
+    chunk = per_slice * block
+    return -(-v // chunk), chunk
 
 
 def _rows_contiguous(x: torch.Tensor, interpreted_kernels: bool) -> torch.Tensor:
