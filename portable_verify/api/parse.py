@@ -421,10 +421,12 @@ def _lean_ragged(draft_token_ids: Any, num_draft_tokens: Any, cu_num_draft_token
     for any other backend. ``K`` without ``max_num_draft_tokens`` costs the documented sync."""
     from portable_verify.api.call import lean_backend
 
-    target, target_name = target_tensor(target_logits, target_probs)
+    given = target_logits if target_probs is None else target_probs
     rule = _rule(options, temperature)
-    if lean_backend(backend, target.device.type, rule) is None:
-        return None
+    if lean_backend(backend, given.device.type if type(given) is torch.Tensor else "cpu",
+                    rule) is None:
+        return None  # (cheap: the CPU host path runs right after)
+    target, target_name = target_tensor(target_logits, target_probs)
     flat = to_tensor("draft_token_ids", draft_token_ids)
     from_cu = cu_num_draft_tokens is not None
     sizes = to_tensor("cu_num_draft_tokens" if from_cu else "num_draft_tokens",
