@@ -193,6 +193,18 @@ def _intercepted(counter: LaunchCounter, run: Callable[..., Any], execute: bool
     return launch
 
 
+@contextlib.contextmanager
+def syncs_refused() -> Iterator[None]:
+    """On a GPU: every synchronising CUDA call raises while active
+    (``torch.cuda.set_sync_debug_mode("error")``), the real twin of the reads refused here."""
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+
+
 @dataclass(frozen=True)
 class ProfiledLaunches:
     """A call's launches as ``torch.profiler`` saw them on a GPU: device activities (kernels,
