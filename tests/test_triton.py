@@ -265,44 +265,83 @@ def test_gpu_without_triton_falls_back_to_torch_and_says_so_once(
     assert len(warnings) == 1
 
 
-_GROUP_TYPES = {  # each grouped argument's element types, as verify_triton's _records builds it
-    "target": ("*{dtype}", "i32", "*i64"),
-    "draft": ("*i64", "*{dtype}", "i32", "*i64"),
-    "request": ("*i64", "*fp32", "*fp32"),
+_GROUP_TYPES = {  # each grouped argument's element types, as chain.launch passes them
+    ("_decide_kernel", "target"): ("*{dtype}", "i32", "*i64"),
+    ("_decide_kernel", "draft"): ("*i64", "*{dtype}", "i32", "*i64"),
+    ("_decide_kernel", "request"): ("*i64", "*fp32", "*fp32"),
     "stats": ("*i32", "*fp32", "*fp32", "*fp32"),
-    "out": ("*i64", "*i64"),
+    "out": ("*i32", "*i64", "*i64"),
+    "bonus": ("*i64", "i32", "*i64"),
     "scalars": ("i32", "i32", "i32", "i32", "fp32", "fp32"),
+    "source": ("*i32", "i32", "i32", "i32", "*i32", "i32"),
+    "given": ("*i64", "i32", "i32", "*i64", "i32", "i32"),
+    ("_layout_kernel", "request"): ("*i64", "*fp64", "i32", "fp32"),
+    "randomness": ("*fp32", "i32", "i32", "*i64", "i32", "i64", "i64", "*i64", "i32", "i64"),
+    ("_layout_kernel", "target"): ("*{dtype}", "i32"),
+    "work": ("*i64", "*i64", "*i64", "*i64", "*i64", "*fp32", "*fp32"),
 }
 
 
 def _signature(kernel, target_dtype: str) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    """Triton argument types as ``verify_triton`` passes them: a tuple of element types per
-    grouped argument (scalars i32 except the floats)."""
+    """Triton argument types as ``chain.launch`` passes them: a tuple of element types per
+    grouped argument (scalars i32 except the floats and the 64-bit seed words)."""
+    name = kernel.fn.__name__
     return {param.name: "constexpr" if param.is_constexpr else
-            tuple(t.format(dtype=target_dtype) for t in _GROUP_TYPES[param.name])
+            tuple(t.format(dtype=target_dtype) for t in
+                  _GROUP_TYPES.get((name, param.name), _GROUP_TYPES.get(param.name)))
             for param in kernel.params}
 
 
+def _layout(**kw):  # type: ignore[no-untyped-def]
+    from portable_verify.backends.triton import spec
+
+    return spec.pack(spec.LAYOUT_BITS, **{"SIZES": 0, "FLAT": 0, "COUNT_MINUS": 0,
+                                          "DRAFT_SHIFT": 0, "BONUS_ROWS": 1, "ROWS_GIVEN": 0,
+                                          "QROWS_GIVEN": 0, **kw})
+
+
+def _sources(**kw):  # type: ignore[no-untyped-def]
+    from portable_verify.backends.triton import spec
+
+    return spec.pack(spec.SOURCE_BITS, **{"TEMP": 0, "U_SRC": 0, "OFFSETS": 0, "REQ_MAP": 0,
+                                          **kw})
+
+
+def _flags(**kw):  # type: ignore[no-untyped-def]
+    from portable_verify.backends.triton import spec
+
+    return spec.pack(spec.DECIDE_BITS, **{"IS_LOGITS": 1, "HAS_Q": 0, "HAS_U": 1,
+                                          "HAS_GREEDY": 1, "HAS_BONUS": 0, **kw})
+
+
 _COMPILE_CASES = [
-    ("cuda", 90, 32, "_row_stats_kernel", "bf16",
-     dict(IS_LOGITS=True, NEED_ARGMAX=True, NEED_SOFTMAX=True, NEED_ENTROPY=True, BLOCK=4096)),
+    ("cuda", 90, 32, "_layout_kernel", "bf16",
+     dict(LAYOUT=_layout(SIZES=3, FLAT=1, BONUS_ROWS=0), SOURCES=_sources(TEMP=2, U_SRC=2),
+          STATS=7, BLOCK=4096, KB=8, SUM_BLOCK=256)),
+    ("cuda", 90, 32, "_layout_kernel", "fp32",
+     dict(LAYOUT=_layout(SIZES=2, FLAT=1, COUNT_MINUS=1, DRAFT_SHIFT=1, BONUS_ROWS=0),
+          SOURCES=_sources(TEMP=2, U_SRC=2, OFFSETS=2, REQ_MAP=1), STATS=3, BLOCK=4096, KB=4,
+          SUM_BLOCK=256)),
+    ("cuda", 90, 32, "_layout_kernel", "fp16",
+     dict(LAYOUT=_layout(SIZES=1, FLAT=1), SOURCES=_sources(TEMP=1, U_SRC=3, OFFSETS=1),
+          STATS=0, BLOCK=4096, KB=4, SUM_BLOCK=256)),
+    ("cuda", 80, 32, "_layout_kernel", "fp32",
+     dict(LAYOUT=_layout(SIZES=1, ROWS_GIVEN=1, QROWS_GIVEN=1), SOURCES=_sources(U_SRC=1),
+          STATS=4, BLOCK=4096, KB=2, SUM_BLOCK=256)),
     ("cuda", 90, 32, "_decide_kernel", "fp32",
-     dict(IS_LOGITS=True, HAS_Q=True, HAS_U=True, HAS_GREEDY=True, TYPICAL=False, BLOCK=2048,
-          KB=8)),
+     dict(FLAGS=_flags(HAS_Q=1, HAS_BONUS=1), RULE=0, BLOCK=2048, KB=8)),
     ("cuda", 80, 32, "_decide_kernel", "fp16",
-     dict(IS_LOGITS=False, HAS_Q=False, HAS_U=True, HAS_GREEDY=True, TYPICAL=True, BLOCK=2048,
-          KB=2)),
+     dict(FLAGS=_flags(IS_LOGITS=0), RULE=1, BLOCK=2048, KB=2)),
     ("cuda", 90, 32, "_decide_kernel", "bf16",
-     dict(IS_LOGITS=True, HAS_Q=False, HAS_U=True, HAS_GREEDY=False, TYPICAL=False,
-          BLOCK_VERIFY=True, BLOCK=2048, KB=8)),
+     dict(FLAGS=_flags(HAS_GREEDY=0), RULE=2, BLOCK=2048, KB=8)),
     ("hip", "gfx942", 64, "_decide_kernel", "fp32",
-     dict(IS_LOGITS=True, HAS_Q=False, HAS_U=False, HAS_GREEDY=True, TYPICAL=False, BLOCK=2048,
-          KB=4)),
+     dict(FLAGS=_flags(HAS_U=0), RULE=0, BLOCK=2048, KB=4)),
 ]
 
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="the GPU run compiles for real")
-@pytest.mark.parametrize("case", _COMPILE_CASES, ids=lambda c: f"{c[0]}{c[1]}-{c[3]}")
+@pytest.mark.parametrize("case", _COMPILE_CASES,
+                         ids=lambda c: f"{c[0]}{c[1]}-{c[3]}-{c[4]}-{hash(str(c[5])) % 1000}")
 def test_kernels_compile_for_gpus_without_a_gpu(case: tuple) -> None:
     """The interpreter is not the compiler: compile ahead of time (to cubin / hsaco) for real
     GPU targets, so a construct only the interpreter accepts fails here, not on a GPU."""

@@ -112,6 +112,20 @@ def test_greedy_rows_match_vllm_token_for_token(vllm_sample) -> None:
         assert 0 < int(accepted_all.sum()) < b  # both the bonus and the recovered path ran
 
 
+def test_greedy_rows_match_vllm_on_the_lean_triton_path(vllm_sample) -> None:
+    """The plugin's seam on ``triton:interpreter`` (the kernels ``triton:cuda`` compiles, and
+    the same host path: chosen by the backend, not the tensors' device) equals vLLM's rows."""
+    g = torch.Generator().manual_seed(3)
+    ours = make_rejection_sample(vllm_sample, backend="triton:interpreter")
+    for b, k, v in [(16, 3, 64), (7, 1, 3)]:
+        drafts, counts, cu, logits, bonus = _ragged_batch(g, b, k, v)
+        md = _metadata(None)
+        want = vllm_sample(drafts, counts, k, cu, None, logits.clone(), bonus, md)
+        got = ours(drafts, counts, k, cu, None, logits.clone(), bonus, md)
+        assert got.dtype == want.dtype == torch.int32
+        assert torch.equal(got, want)
+
+
 def _step_law(p: np.ndarray, proposal: np.ndarray, used_q: np.ndarray | None) -> np.ndarray:
     """Exact law of one K=2 step's output row, cells ``(y0,) | (y0,y1) | (y0,y1,y2)``.
 
@@ -387,7 +401,8 @@ def test_synthetic_mode_is_handed_back_to_vllm(plugin_log: pytest.LogCaptureFixt
     assert len(calls) == 1  # the standard mode stays with portable_verify
 
 
-def test_v2_step_equals_the_ragged_call() -> None:
+@pytest.mark.parametrize("backend", ["auto", "triton:interpreter"])
+def test_v2_step_equals_the_ragged_call(backend: str) -> None:
     """The V2 runner's mapping (logits rows = drafts then bonus, drafts read from the next
     row's input token, seeds by request state, offsets by position) against verify_ragged."""
     g = torch.Generator().manual_seed(10)
@@ -404,7 +419,7 @@ def test_v2_step_equals_the_ragged_call() -> None:
     temperature[idx_mapping[::4]] = 0
     seeds = torch.randint(0, 2**40, (states,), generator=g)
     sampled, num_sampled = runner_v2.verify_v2_step(logits, inputs, cu, pos, idx_mapping,
-                                                    temperature, seeds, k)
+                                                    temperature, seeds, k, backend)
     is_draft = torch.ones(num_rows, dtype=torch.bool)
     is_draft[cu[:-1]] = False  # the first row's input is the last accepted token
     want = pv.verify_ragged(inputs[is_draft], num_draft_tokens=counts, target_logits=logits,

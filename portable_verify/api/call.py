@@ -63,6 +63,8 @@ def decide(call: VerifyCall) -> VerifyResult:
     host = call.host
     backend = dispatch.select_backend(call.backend, "cpu" if host else call.target.device.type,
                                       call.rule)
+    if call.validate is False and backend.traits.lean_calls:
+        return _decide_lean(call, backend)
     if host and backend.traits.host_calls and call.validate != "full":
         out = dispatch.run_call(backend, call)
         if out is not None:
@@ -70,6 +72,28 @@ def decide(call: VerifyCall) -> VerifyResult:
                 return VerifyResult._of(*out)
             return HostTensorResult.of_host(*out)
     return _decide_inputs(_tensors(call), backend)
+
+
+def _decide_lean(call: VerifyCall, backend: Backend) -> VerifyResult:
+    """An unvalidated call on a backend that computes the maps, cuts, temperatures and
+    uniforms on its device from the caller's arrays (``traits.lean_calls``): no torch op here."""
+    device_type = "cpu" if call.host else call.target.device.type
+    if backend.torch_device_type() != device_type:
+        raise ValueError(f"backend={backend.qualified_name!r} runs on "
+                         f"{backend.torch_device_type()} tensors; the inputs are on "
+                         f"{device_type}")
+    out = backend.run_lean(call)
+    if call.return_numpy:
+        out = tuple(t.cpu().numpy() for t in out)
+    return VerifyResult._of(*out)
+
+
+def lean_backend(name: str, device_type: str, rule: str | None) -> Backend | None:
+    """The backend ``name`` resolves to when it decides unvalidated calls from the caller's
+    arrays (``traits.lean_calls``), else None: engines' seams and the flat door describe
+    their layout for it (``core.layout.FlatLayout``) instead of building row maps."""
+    backend = dispatch.select_backend(name, device_type, rule)
+    return backend if backend.traits.lean_calls else None
 
 
 def _tensors(call: VerifyCall) -> VerifyCall:

@@ -103,12 +103,12 @@ def _rule(options: VerifyOptions, temperature: Any) -> str | None:
 def _call(*, drafts: Any, counts: Any, target: Any, target_name: str, rows: Any, q: Any,
           q_rows: Any, temperature: Any, seed: Any, seed_offset: Any, uniforms: Any, bonus: Any,
           options: VerifyOptions, rule: str | None, validate: Any, backend: str, host: bool,
-          return_numpy: bool) -> VerifyCall:
+          return_numpy: bool, flat: layout.FlatLayout | None = None) -> VerifyCall:
     """A :class:`VerifyCall` of a general-form call, by keyword (the plain host form builds
     its own in :func:`_host_call`, on the hot path); ``rule`` is :func:`_rule`'s answer."""
     return VerifyCall(drafts, counts, target, target_name, rows, q, q_rows, temperature, seed,
                       seed_offset, uniforms, bonus, options, rule, validate, backend, host,
-                      return_numpy)
+                      return_numpy, flat)
 
 
 # ------------------------------------------------------------------------- plain host form
@@ -372,6 +372,13 @@ def parse_ragged(draft_token_ids: ArrayLike, num_draft_tokens: ArrayLike | None,
     """A flat call: every request's drafts back to back, ``N+B`` target rows."""
     return_numpy = type(draft_token_ids) is not torch.Tensor
     max_k = optional_count("max_num_draft_tokens", max_num_draft_tokens)
+    if validate is False:
+        call = _lean_ragged(draft_token_ids, num_draft_tokens, cu_num_draft_tokens,
+                            target_logits, target_probs, draft_probs, temperature, seed,
+                            seed_offset, uniforms, max_k, bonus_token_ids, options, backend,
+                            return_numpy)
+        if call is not None:
+            return call
     target_in, target_name = _target(target_logits, target_probs)
     flat = _host(draft_token_ids)
     target = _plain(target_in, _F32, torch.float32)
@@ -402,6 +409,46 @@ def parse_ragged(draft_token_ids: ArrayLike, num_draft_tokens: ArrayLike | None,
                            target_logits, target_probs, draft_probs, temperature, seed,
                            seed_offset, uniforms, max_k, bonus_token_ids, options, backend,
                            validate, return_numpy)
+
+
+def _lean_ragged(draft_token_ids: Any, num_draft_tokens: Any, cu_num_draft_tokens: Any,
+                 target_logits: Any, target_probs: Any, draft_probs: Any, temperature: Any,
+                 seed: Any, seed_offset: Any, uniforms: Any, max_k: int | None,
+                 bonus_token_ids: Any, options: VerifyOptions, backend: str,
+                 return_numpy: bool) -> VerifyCall | None:
+    """An unvalidated flat call for a backend that computes the row maps itself
+    (``traits.lean_calls``): the layout described (``layout.FlatLayout``), no map built; None
+    for any other backend. ``K`` without ``max_num_draft_tokens`` costs the documented sync."""
+    from portable_verify.api.call import lean_backend
+
+    target, target_name = target_tensor(target_logits, target_probs)
+    rule = _rule(options, temperature)
+    if lean_backend(backend, target.device.type, rule) is None:
+        return None
+    flat = to_tensor("draft_token_ids", draft_token_ids)
+    from_cu = cu_num_draft_tokens is not None
+    sizes = to_tensor("cu_num_draft_tokens" if from_cu else "num_draft_tokens",
+                      cu_num_draft_tokens if from_cu else num_draft_tokens)
+    if flat is None or sizes is None:
+        return None  # the general path words the error
+    n = flat.shape[0]
+    b = sizes.shape[0] - 1 if from_cu else sizes.shape[0]
+    if max_k is not None:
+        require_at_most("max_num_draft_tokens", max_k, max(n, MAX_PADDED_WIDTH),
+                        f"no request has more than the call's N = {n} drafts, and a "
+                        f"result padded beyond N is at most {MAX_PADDED_WIDTH} positions wide")
+        k = max_k
+    else:  # the one documented sync; a garbage count must not size the result
+        counts = sizes[1:] - sizes[:-1] if from_cu else sizes
+        k = min(max(int(counts.max()), 0), n) if b > 0 else 0
+    has_q = draft_probs is not None and n > 0
+    return _call(drafts=flat, counts=None, target=target, target_name=target_name, rows=None,
+                 q=to_tensor("draft_probs", draft_probs) if has_q else None, q_rows=None,
+                 temperature=temperature, seed=seed, seed_offset=seed_offset,
+                 uniforms=to_tensor("uniforms", uniforms), bonus=bonus_token_ids,
+                 options=options, rule=rule, validate=False, backend=backend, host=False,
+                 return_numpy=return_numpy,
+                 flat=layout.FlatLayout(sizes, "cu" if from_cu else "counts", b, k))
 
 
 def _general_ragged(draft_token_ids: Any, num_draft_tokens: Any, cu_num_draft_tokens: Any,

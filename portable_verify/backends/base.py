@@ -47,6 +47,9 @@ class BackendTraits:
     ``chain_rules`` / ``tree_rules``: the sampled rules it implements per layout (names of the
     method table's rules). Dispatch reads them through :meth:`implements`: ``auto`` never picks a
     backend without the call's rule and an explicit one without it is refused by name.
+    ``lean_calls``: it decides an unvalidated call (:class:`VerifyCall`, padded, rows or flat)
+    from the caller's arrays in :meth:`Backend.run_lean`, computing row maps, ``-1`` cuts,
+    temperatures and uniforms on its device: the front door builds nothing for it.
     ``checks_tree_reads``: under ``validate=True`` its :meth:`Backend.run_tree` does the value
     checks itself (``TreeInputs.check_read_values``): the tree's structure, temperatures and
     uniforms, and the target and draft rows its walk reads; the front door skips its own
@@ -62,6 +65,7 @@ class BackendTraits:
     chain_rules: tuple[str, ...] = ()
     tree_rules: tuple[str, ...] = ()
     checks_tree_reads: bool = False
+    lean_calls: bool = False
 
     def implements(self, layout: str, rule: str | None) -> bool:
         """Whether it serves ``layout`` with the sampled ``rule`` (None: greedy rows only)."""
@@ -125,6 +129,11 @@ class Backend(ABC):
         :class:`ReadValueError` when a value it reads is invalid (the front door then words
         the error)."""
         raise NotImplementedError(f"{self.qualified_name} does not decide host calls")
+
+    def run_lean(self, call: VerifyCall) -> tuple[Any, Any, Any, Any]:
+        """``(token_ids, num_accepted, num_emitted, num_draft_tokens)`` tensors of an
+        unvalidated call on the backend's device, for backends with ``traits.lean_calls``."""
+        raise NotImplementedError(f"{self.qualified_name} does not decide lean calls")
 
     def run_tree(self, inputs: TreeInputs) -> tuple[Any, Any, Any]:
         """``(token_ids int64 [B, W], node_ids int64 [B, W], num_accepted int64 [B])`` for

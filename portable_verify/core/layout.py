@@ -13,12 +13,40 @@ arrays they point into, so garbage counts (``validate=False``) can never read ou
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
 Array = Any  # np.ndarray or torch.Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class FlatLayout:
+    """A flat call's layout described, not built: for a backend that computes the row maps
+    on its device from the caller's counts or offsets (``traits.lean_calls``), instead of the
+    :func:`ragged_maps` arrays, whose torch ops are each a launch on a GPU.
+
+    Request ``i`` has ``n_i`` drafts from ``sizes`` (``kind``: ``"counts"`` ``[B]``; ``"cu"``
+    ``[B+1]`` offsets from 0, less ``count_minus`` per request; ``"cu_inclusive"`` ``[B]``,
+    vLLM v1's), starting at ``s_i`` (the prefix sum or offset); its drafts are
+    ``flat[s_i + draft_shift + j]``, its draft rows ``s_i + j`` and its target rows
+    ``s_i (+ i with bonus_rows) + min(j, n_i)``, clamped into the target.
+    """
+
+    sizes: Any
+    kind: str
+    batch: int
+    width: int  # K: the padded width of the result
+    bonus_rows: bool = True
+    count_minus: int = 0
+    draft_shift: int = 0
+    request_map: Any = None  # int [B]: each request's index into temperature and seed
+    temperature_marks: bool = False  # the logits come tempered: only t == 0 matters
+    offsets_at_first_row: bool = False  # seed_offset [R] is read at each first row
+    tokens_dtype: Any = torch.int64
+    emitted_dtype: Any = torch.int64
 
 
 def _xp(a: Array) -> Any:

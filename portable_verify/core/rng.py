@@ -65,10 +65,15 @@ def uniform_bits(keys: Any, counters: Any, mul: Callable[[Any, int], Any] = mul3
     return mix32(mix32(keys ^ counters, mul) ^ COUNTER_SALT, mul) >> (32 - UNIFORM_BITS)
 
 
+def row_seed_key(seed: int) -> int:
+    """The 32-bit key :func:`row_seeds` derives every row's seed from (kernels take it)."""
+    s = int(seed)
+    return mix32(mix32(((s >> 32) & MASK32) ^ SEED_SALT) ^ (s & MASK32))
+
+
 def row_seeds(seed: int, rows: Any) -> Any:
     """Per-row int64 seeds (63-bit) from one Python int seed and the row indices (int64 array)."""
-    s = int(seed)
-    k = mix32(mix32(((s >> 32) & MASK32) ^ SEED_SALT) ^ (s & MASK32))
+    k = row_seed_key(seed)
     return (mix32(rows ^ k) << 31) ^ mix32(rows ^ (k ^ COUNTER_SALT))
 
 

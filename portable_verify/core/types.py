@@ -210,6 +210,7 @@ class VerifyCall:
     backend: str
     host: bool
     return_numpy: bool
+    flat: Any = None  # core.layout.FlatLayout: drafts flat [N], maps left to a lean backend
 
     @property
     def is_logits(self) -> bool:

@@ -27,7 +27,7 @@ import torch
 from portable_verify.backends.base import Availability, Backend, BackendTraits
 from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
-from portable_verify.core.types import VerifyInputs
+from portable_verify.core.types import VerifyCall, VerifyInputs
 
 IPEX_MODULE = "intel_extension_for_pytorch"
 
@@ -146,7 +146,7 @@ class TritonBackend(Backend):
         sizes = {} if self.device != INTERPRETER else {  # slow per request: quick sizes
             "statistical_sizes": False, "full_conformance_sizes": False}
         return BackendTraits(layouts=(methods.CHAIN, methods.TREE), chain_rules=CHAIN_RULES,
-                             tree_rules=TREE_RULES, **sizes)
+                             tree_rules=TREE_RULES, lean_calls=True, **sizes)
 
     def torch_device_type(self) -> str:
         return "cpu" if self.device == INTERPRETER else str(self.device)
@@ -166,6 +166,20 @@ class TritonBackend(Backend):
         from portable_verify.backends.triton.chain import verify_triton
 
         return verify_triton(inputs)
+
+    def run_lean(self, call: VerifyCall) -> tuple[Any, Any, Any, Any]:
+        if call.rule is not None and call.rule not in CHAIN_RULES:
+            raise methods.unknown_rule(call.rule, self.qualified_name, methods.CHAIN)
+        from portable_verify.backends.triton import spec
+
+        chain_spec = spec.from_call(call)
+        if self.device == INTERPRETER:
+            from portable_verify.backends.triton.interpreter import launch_interpreted
+
+            return launch_interpreted(chain_spec)
+        from portable_verify.backends.triton.chain import launch
+
+        return launch(chain_spec)
 
     def run_tree(self, inputs: TreeInputs) -> tuple[Any, Any, Any]:
         if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:

@@ -31,14 +31,30 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from portable_verify.backends.triton import spec
 from portable_verify.backends.triton.interpreter import InterpretedDevice
-from portable_verify.core import constants
-from portable_verify.core.types import PLACEHOLDER_TOKEN_ID, VerifyInputs
+from portable_verify.core import constants, rng
+from portable_verify.core.types import (
+    INVALID_DRAFT_TOKEN_ID,
+    PLACEHOLDER_TOKEN_ID,
+    VerifyInputs,
+)
 
 _INTERPRET: bool = bool(globals().get("_INTERPRET", False))  # injected by the interpreter copy
 PLACEHOLDER = tl.constexpr(PLACEHOLDER_TOKEN_ID)
 FLOAT32_TINY = tl.constexpr(constants.FLOAT32_TINY)
 FLOAT32_MAX = tl.constexpr(constants.FLOAT32_MAX)
+INVALID_DRAFT = tl.constexpr(INVALID_DRAFT_TOKEN_ID)
+RULE_TYPICAL = tl.constexpr(spec.RULE_CODES["typical"])
+RULE_BLOCK = tl.constexpr(spec.RULE_CODES["block"])
+RULE_COUNT = tl.constexpr(len(spec.RULE_CODES))
+MIX_C1 = tl.constexpr(rng.MIX_C1)
+MIX_C2 = tl.constexpr(rng.MIX_C2)
+SEED_SALT = tl.constexpr(rng.SEED_SALT)
+COUNTER_SALT = tl.constexpr(rng.COUNTER_SALT)
+DRAW_COUNTER = tl.constexpr(rng.DRAW_COUNTER)
+UNIFORM_BITS = tl.constexpr(rng.UNIFORM_BITS)
+UNIFORM_SCALE = tl.constexpr(rng.UNIFORM_SCALE)
 _TL_CORE = tl.core  # in the globals so the interpreter patches it at launch (InterpretedDevice)
 
 
@@ -139,35 +155,211 @@ def _row_stats(base, t_safe, V, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.cons
     return best_idx, m, s, w
 
 
+@_device
+def _mix32(x):
+    """:func:`portable_verify.core.rng.mix32` on uint32 words (products wrap mod 2**32)."""
+    x = x ^ (x >> 16)
+    x = x * MIX_C1
+    x = x ^ (x >> 15)
+    x = x * MIX_C2
+    return x ^ (x >> 16)
+
+
+@_device
+def _request_key(seed, offset):
+    """:func:`portable_verify.core.rng.request_keys` of int64 ``seed`` and ``offset``: their
+    32-bit words (upper first) folded into one uint32 key."""
+    k = _mix32((seed >> 32).to(tl.uint32) ^ SEED_SALT)
+    k = _mix32(seed.to(tl.uint32) ^ k)
+    k = _mix32((offset >> 32).to(tl.uint32) ^ k)
+    return _mix32(offset.to(tl.uint32) ^ k)
+
+
+@_device
+def _hash_uniform(key, col, K):
+    """The counter-hash uniform of column ``col`` of ``K+1`` (``rng.uniforms_numpy``):
+    counter ``2 col`` for acceptance columns, the draw counter for column ``K``."""
+    ctr = tl.where(col < K, 2 * col, DRAW_COUNTER).to(tl.uint32)
+    bits = _mix32(_mix32(key ^ ctr) ^ COUNTER_SALT) >> (32 - UNIFORM_BITS)
+    return (bits + 1).to(tl.float32) * UNIFORM_SCALE
+
+
+@_device
+def _row_seed(r, k1, k2):
+    """:func:`portable_verify.core.rng.row_seeds` of row ``r`` (uint32) from the host's two
+    32-bit words of one int seed."""
+    return (_mix32(r ^ k1).to(tl.int64) << 31) ^ _mix32(r ^ k2).to(tl.int64)
+
+
+@_device
+def _int64(x):
+    """A scalar argument (which Triton may pass as i32, or specialise to 1) as int64."""
+    return tl.full([], 0, tl.int64) + x
+
+
+@_device
+def _span(b, sizes_ptr, sizes_stride, K, SIZES: tl.constexpr, FLAT: tl.constexpr,
+          COUNT_MINUS: tl.constexpr, SUM_BLOCK: tl.constexpr):
+    """``(n, base)`` of request ``b`` (int64): its draft count as the caller gave it, and where
+    its positions start (padded: ``b K``; flat: the exclusive prefix sum of the counts, or the
+    cumulative offsets' entry; :data:`SIZE_CODES`)."""
+    bb = _int64(b)
+    lo = bb * K  # padded: b K
+    if SIZES == 0:  # no counts: K each
+        n = bb * 0 + K
+    elif SIZES == 1:  # counts [B]; flat: the exclusive prefix sum
+        n = tl.load(sizes_ptr + bb * sizes_stride).to(tl.int64)
+        if FLAT:
+            lo = bb * 0
+            lane = tl.arange(0, SUM_BLOCK)
+            for start in range(0, b, SUM_BLOCK):
+                offs = start + lane
+                lo += tl.sum(tl.load(sizes_ptr + offs * sizes_stride, mask=offs < b,
+                                     other=0).to(tl.int64), 0)
+    elif SIZES == 2:  # offsets [B+1] from 0
+        lo = tl.load(sizes_ptr + bb * sizes_stride).to(tl.int64)
+        n = tl.load(sizes_ptr + (bb + 1) * sizes_stride).to(tl.int64) - lo - COUNT_MINUS
+    else:  # inclusive offsets [B] (vLLM v1): no leading 0
+        lo = tl.load(sizes_ptr + (bb - 1) * sizes_stride, mask=bb > 0, other=0).to(tl.int64)
+        n = tl.load(sizes_ptr + bb * sizes_stride).to(tl.int64) - lo
+    base = lo
+    return n, base
+
+
+@_device
+def _request_temperature(state, temp_ptr, temp_stride, t_scalar, TEMP: tl.constexpr):
+    """float32 temperature of a request (:data:`TEMP_CODES`): the scalar, the caller's value
+    (a negative one stays negative, so it never reads as greedy), or 0/1 marks (engines'
+    logits arrive tempered: only ``t == 0`` matters)."""
+    if TEMP == 0:
+        t = tl.full([], 0.0, tl.float32) + t_scalar
+    else:
+        raw = tl.load(temp_ptr + state * temp_stride)
+        if TEMP == 1:
+            t = tl.where(raw < 0, -FLOAT32_TINY, raw.to(tl.float32))
+        else:
+            t = tl.where(raw == 0, 0.0, 1.0)
+    return t
+
+
 @_kernel
-def _row_stats_kernel(
-    target, request, stats, scalars,
-    IS_LOGITS: tl.constexpr, NEED_ARGMAX: tl.constexpr, NEED_SOFTMAX: tl.constexpr,
-    NEED_ENTROPY: tl.constexpr, BLOCK: tl.constexpr,
+def _layout_kernel(
+    source, given, request, randomness, target, work, stats, scalars,
+    LAYOUT: tl.constexpr, SOURCES: tl.constexpr, STATS: tl.constexpr, BLOCK: tl.constexpr,
+    KB: tl.constexpr, SUM_BLOCK: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(B, K+1)``: one target row's statistics per (request, position)."""
-    target_ptr, target_stride, rows_ptr = target
-    counts_ptr, temp_ptr, _u_ptr = request
+    """Grid ``(B, K+1)``: position ``j`` of request ``b`` from what the caller passed.
+
+    Writes the decision's work record (``j == 0``: the count cut at the first ``-1`` draft,
+    the caller's count, the temperature; every ``j``: the target row, the draft and its ``q``
+    row, the uniform) and, when asked, the target row's statistics (``_row_stats``). The
+    switches arrive packed in three constexprs (``spec.LAYOUT_BITS`` etc.)."""
+    SIZES: tl.constexpr = LAYOUT % 4
+    FLAT: tl.constexpr = LAYOUT // 4 % 2 == 1
+    COUNT_MINUS: tl.constexpr = LAYOUT // 8 % 2
+    DRAFT_SHIFT: tl.constexpr = LAYOUT // 16 % 2
+    BONUS_ROWS: tl.constexpr = LAYOUT // 32 % 2 == 1
+    ROWS_GIVEN: tl.constexpr = LAYOUT // 64 % 2 == 1
+    QROWS_GIVEN: tl.constexpr = LAYOUT // 128 % 2 == 1
+    TEMP: tl.constexpr = SOURCES % 4
+    U_SRC: tl.constexpr = SOURCES // 4 % 4
+    OFFSETS: tl.constexpr = SOURCES // 16 % 4
+    REQ_MAP: tl.constexpr = SOURCES // 64 % 2 == 1
+    NEED_ARGMAX: tl.constexpr = STATS % 2 == 1
+    NEED_SOFTMAX: tl.constexpr = STATS // 2 % 2 == 1
+    NEED_ENTROPY: tl.constexpr = STATS // 4 % 2 == 1
+    drafts_ptr, d_s0, d_s1, N, sizes_ptr, sizes_s = source
+    rows_ptr, rows_s0, rows_s1, qrows_ptr, qrows_s0, qrows_s1 = given
+    map_ptr, temp_ptr, temp_s, t_scalar = request
+    u_ptr, u_s0, u_s1, seed_ptr, seed_s, seed_k1, seed_k2, off_ptr, off_s, off_scalar = randomness
+    target_ptr, target_stride = target
+    w_drafts, w_rows, w_qrows, w_counts, w_caller, w_temps, w_u = work
     argmax_ptr, max_ptr, sum_ptr, ent_ptr = stats
     V, K, R, _RQ, _eps, _alpha = scalars
     K1 = K + 1
     b = tl.program_id(0)
     j = tl.program_id(1)
-    n = _clamped(tl.load(counts_ptr + b), K1)  # every index from caller data is clamped
-    if j <= n:
-        row = _clamped(tl.load(rows_ptr + b * K1 + j), R)
-        base = target_ptr + row * target_stride
-        t_safe = _safe_temperature(tl.load(temp_ptr + b))
-        best_idx, m, s, ent = _row_stats(base, t_safe, V, NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY,
-                                         BLOCK)
-        out = b * K1 + j
-        if NEED_ARGMAX:
-            tl.store(argmax_ptr + out, best_idx)
-        if NEED_SOFTMAX:
-            tl.store(max_ptr + out, m)
-            tl.store(sum_ptr + out, s)
-        if NEED_ENTROPY:
-            tl.store(ent_ptr + out, ent)
+    n_caller, base = _span(b, sizes_ptr, sizes_s, K, SIZES, FLAT, COUNT_MINUS, SUM_BLOCK)
+    # The drafts the caller counts, and the cut at the first -1 (effective_counts).
+    lanes = tl.arange(0, KB)
+    live = lanes < tl.minimum(tl.maximum(n_caller, 0), K)
+    if FLAT:
+        at = tl.minimum(tl.maximum(base + DRAFT_SHIFT + lanes, 0), N - 1)
+        d = tl.load(drafts_ptr + at * d_s1, mask=live & (lanes < tl.where(N > 0, K, 0)),
+                    other=0).to(tl.int64)
+    else:
+        d = tl.load(drafts_ptr + b * d_s0 + lanes * d_s1, mask=live, other=0).to(tl.int64)
+    first_bad = tl.min(tl.where(live & (d == INVALID_DRAFT), lanes, K), 0)
+    n_eff = tl.minimum(n_caller, first_bad.to(tl.int64))
+    n = tl.minimum(tl.maximum(n_eff, 0), K)
+    if REQ_MAP:  # noqa: SIM108 - kernel code: constexpr branches
+        state = tl.load(map_ptr + b).to(tl.int64)
+    else:
+        state = _int64(b)
+    t = _request_temperature(state, temp_ptr, temp_s, t_scalar, TEMP)
+    if j == 0:
+        tl.store(w_counts + b, n_eff)
+        tl.store(w_caller + b, n_caller)
+        tl.store(w_temps + b, t)
+    # Position j's target row: the caller's map, or first row + min(j, n).
+    if ROWS_GIVEN:
+        row = tl.load(rows_ptr + b * rows_s0 + j * rows_s1).to(tl.int64)
+    else:
+        row = base + j + tl.minimum(tl.maximum(n_caller, 0) - j, 0)
+        if BONUS_ROWS:
+            row += b
+        row = tl.minimum(tl.maximum(row, 0), R - 1)
+    tl.store(w_rows + b * K1 + j, row)
+    if j < K:
+        tl.store(w_drafts + b * K + j, tl.sum(tl.where(lanes == j, d, 0), 0))
+        if QROWS_GIVEN:
+            qrow = tl.load(qrows_ptr + b * qrows_s0 + j * qrows_s1).to(tl.int64)
+        else:
+            qrow = base + j
+        tl.store(w_qrows + b * K + j, qrow)
+    if U_SRC == 1:  # the caller's uniforms
+        tl.store(w_u + b * K1 + j, tl.load(u_ptr + b * u_s0 + j * u_s1).to(tl.float32))
+    elif U_SRC >= 2:  # the counter hash of the request's seed and offset
+        if U_SRC == 2:
+            seed = tl.load(seed_ptr + state * seed_s).to(tl.int64)
+        else:
+            r = b.to(tl.uint32)
+            seed = _row_seed(r, _int64(seed_k1).to(tl.uint32), _int64(seed_k2).to(tl.uint32))
+        if OFFSETS == 0:
+            off = _int64(off_scalar)
+        elif OFFSETS == 1:
+            off = tl.load(off_ptr + b * off_s).to(tl.int64)
+        else:  # at the request's first row (vLLM's Model Runner V2: the position there)
+            off = tl.load(off_ptr + tl.minimum(tl.maximum(base, 0), R - 1) * off_s).to(tl.int64)
+        tl.store(w_u + b * K1 + j, _hash_uniform(_request_key(seed, off), j, K))
+    if NEED_ARGMAX or NEED_SOFTMAX or NEED_ENTROPY:  # noqa: SIM102 - constexpr test
+        if j <= n:
+            row_base = target_ptr + tl.minimum(tl.maximum(row, 0), R - 1) * target_stride
+            best_idx, m, s, ent = _row_stats(row_base, _safe_temperature(t), V, NEED_ARGMAX,
+                                             NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
+            out = b * K1 + j
+            if NEED_ARGMAX:
+                tl.store(argmax_ptr + out, best_idx)
+            if NEED_SOFTMAX:
+                tl.store(max_ptr + out, m)
+                tl.store(sum_ptr + out, s)
+            if NEED_ENTROPY:
+                tl.store(ent_ptr + out, ent)
+
+
+@_kernel
+def _uniforms_probe_kernel(seed_ptr, off_ptr, out_ptr, count, K, BLOCK: tl.constexpr,
+                           KB: tl.constexpr):
+    """Test-only: ``out[i, j]`` = the kernels' uniform for ``(seed[i], offset[i])``, column
+    ``j`` of ``K+1``, through the same device functions as :func:`_layout_kernel`."""
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    live = i < count
+    key = _request_key(tl.load(seed_ptr + i, mask=live, other=0).to(tl.int64),
+                       tl.load(off_ptr + i, mask=live, other=0).to(tl.int64))
+    col = tl.arange(0, KB)
+    u = _hash_uniform(key[:, None], col[None, :], K)
+    tl.store(out_ptr + i[:, None] * (K + 1) + col[None, :], u,
+             mask=live[:, None] & (col[None, :] <= K))
 
 
 @_device
@@ -366,17 +558,28 @@ def _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale
 
 @_kernel
 def _decide_kernel(
-    target, draft, request, stats, out, scalars,
-    IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, HAS_U: tl.constexpr,
-    HAS_GREEDY: tl.constexpr, TYPICAL: tl.constexpr, BLOCK_VERIFY: tl.constexpr,
-    BLOCK: tl.constexpr, KB: tl.constexpr,
+    target, draft, request, stats, out, bonus, scalars,
+    FLAGS: tl.constexpr, RULE: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(B,)``: one request's accepted prefix, its next token, and its output row."""
+    """Grid ``(B,)``: one request's accepted prefix, its next token (the caller's bonus token
+    where every draft it counted was accepted), its output row and counters.
+
+    ``RULE``: the sampled rows' rule (``spec.RULE_CODES``); an unknown code writes the flag
+    ``num_accepted = -1`` and a row of placeholders instead of deciding. ``FLAGS``: the host
+    facts (``spec.DECIDE_BITS``)."""
+    IS_LOGITS: tl.constexpr = FLAGS % 2 == 1
+    HAS_Q: tl.constexpr = FLAGS // 2 % 2 == 1
+    HAS_U: tl.constexpr = FLAGS // 4 % 2 == 1
+    HAS_GREEDY: tl.constexpr = FLAGS // 8 % 2 == 1
+    HAS_BONUS: tl.constexpr = FLAGS // 16 % 2 == 1
+    TYPICAL: tl.constexpr = RULE == RULE_TYPICAL
+    BLOCK_VERIFY: tl.constexpr = RULE == RULE_BLOCK
     target_ptr, target_stride, rows_ptr = target
     drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
     counts_ptr, temp_ptr, u_ptr = request
     argmax_ptr, max_ptr, sum_ptr, ent_ptr = stats
-    tokens_ptr, accepted_ptr = out
+    tokens_ptr, accepted_ptr, emitted_ptr = out
+    bonus_ptr, bonus_stride, caller_ptr = bonus
     V, K, R, RQ, eps, alpha = scalars
     b = tl.program_id(0)
     K1 = K + 1
@@ -441,11 +644,18 @@ def _decide_kernel(
         final = _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale,
                                t_safe, IS_LOGITS, HAS_Q, TYPICAL, BLOCK).to(final.dtype)
 
-    final = tl.minimum(tl.maximum(final, 0), V - 1)
+    final = tl.minimum(tl.maximum(final, 0), V - 1).to(tl.int64)
+    if HAS_BONUS:  # the caller's bonus token where every draft it counted was accepted
+        all_in = a.to(tl.int64) == tl.load(caller_ptr + b)
+        final = tl.where(all_in, tl.load(bonus_ptr + b * bonus_stride).to(tl.int64), final)
     d = _clamped(tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0), V)
     tok = tl.where(lanes < a, d, tl.where(lanes == a, final, PLACEHOLDER))
+    if RULE >= RULE_COUNT:  # an unknown rule: flagged, never decided as another
+        tok = tl.where(lanes < 0, tok, PLACEHOLDER)
+        a = a * 0 - 1
     tl.store(tokens_ptr + b * K1 + lanes, tok, mask=lanes < K1)
     tl.store(accepted_ptr + b, a)
+    tl.store(emitted_ptr + b, a + 1)
 
 
 KERNELS_INTERPRETED: bool = not isinstance(_decide_kernel, triton.runtime.jit.JITFunction)
@@ -461,73 +671,102 @@ def _block(v: int, cap: int) -> int:
 
 
 def verify_triton(inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run the kernels on ``inputs`` (torch tensors on a Triton device; CPU tensors in the
-    interpreter copy, see :func:`portable_verify.backends.triton.interpreter.verify_interpreted`).
-
-    Host work is shape arithmetic and buffer allocation only, so the call is CUDA-graph
-    capturable once compiled.
-    """
-    interpreted_kernels = _INTERPRET or KERNELS_INTERPRETED
-    mod = sys.modules[__name__]
+    """``(token_ids, num_accepted)`` of completed inputs (the validated path)."""
     inputs.check_layout()
-    b, k = inputs.draft_token_ids.shape
-    device = inputs.draft_token_ids.device
-    tokens = torch.empty((b, k + 1), dtype=torch.int64, device=device)
-    accepted = torch.empty((b,), dtype=torch.int64, device=device)
-    if b == 0:
-        return tokens, accepted
-    target, draft, request, stats, scalars = _records(inputs, interpreted_kernels)
-    v = scalars[0]
-    method = inputs.sampled_method  # the one place the launcher reads it
-    typical = method == "typical" and not inputs.all_greedy
-    block = method == "block" and not inputs.all_greedy
-    has_greedy = not inputs.none_greedy
-    need_softmax = inputs.target_is_logits and not inputs.all_greedy
-    need_entropy = typical
-    if has_greedy or need_softmax or need_entropy:
-        cap = 1024 if interpreted_kernels else 4096
-        mod._row_stats_kernel[(b, k + 1)](
-            target, request, stats, scalars,
-            IS_LOGITS=inputs.target_is_logits, NEED_ARGMAX=has_greedy,
-            NEED_SOFTMAX=need_softmax, NEED_ENTROPY=need_entropy, BLOCK=_block(v, cap),
-            **({} if interpreted_kernels else {"num_warps": 8, **_COMPILE_OPTIONS}),
-        )  # fmt: skip
-    mod._decide_kernel[(b,)](
-        target, draft, request, stats, (tokens, accepted), scalars,
-        IS_LOGITS=inputs.target_is_logits, HAS_Q=inputs.draft_probs is not None,
-        HAS_U=inputs.uniforms is not None, HAS_GREEDY=has_greedy, TYPICAL=typical,
-        BLOCK_VERIFY=block, BLOCK=_block(v, 1024 if interpreted_kernels else 2048),
-        KB=max(2, triton.next_power_of_2(k + 1)),
-        **({} if interpreted_kernels else {"num_warps": 4, **_COMPILE_OPTIONS}),
-    )  # fmt: skip
+    tokens, accepted, _emitted, _counts = launch(spec.from_inputs(inputs))
     return tokens, accepted
 
 
-def _records(inputs: VerifyInputs, interpreted_kernels: bool) -> tuple[tuple[Any, ...], ...]:
-    """The kernels' grouped arguments, built here once for both launches: ``target`` (rows,
-    row stride, row map), ``draft`` (ids, ``q`` rows, row stride, row map), ``request``
-    (counts, temperatures, uniforms), ``stats`` (the row-statistics buffers) and the per-call
-    ``scalars`` record ``(V, K, R, RQ, eps, alpha)``. Absent tensors are stood in for by one
-    that is never read (its flag is off), so every group keeps its shape."""
-    drafts = inputs.draft_token_ids
-    b, k = drafts.shape
-    target = _rows_contiguous(inputs.target, interpreted_kernels)
-    temps = inputs.temperature.to(torch.float32).contiguous()
-    counts = inputs.num_draft_tokens.contiguous()
-    if inputs.draft_probs is None:
-        draft = (drafts.contiguous(), temps, 0, counts)
-        rq = 1
-    else:
-        q = _rows_contiguous(inputs.draft_probs, interpreted_kernels)
-        draft = (drafts.contiguous(), q, q.stride(0), inputs.draft_rows.contiguous())
-        rq = q.shape[0]
-    uniforms = inputs.uniforms.contiguous() if inputs.uniforms is not None else temps
-    stats = torch.empty((3, b * (k + 1)), dtype=torch.float32, device=drafts.device)
-    argmax = torch.empty((b * (k + 1),), dtype=torch.int32, device=drafts.device)
-    eps, alpha = inputs.options.typical.kernel_scalars()
-    return ((target, target.stride(0), inputs.target_rows.contiguous()), draft,
-            (counts, temps, uniforms), (argmax, stats[0], stats[1], stats[2]),
-            (target.shape[1], k, target.shape[0], rq, eps, alpha))
+def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
+    """``(token_ids [B, K+1], num_accepted, num_emitted, num_draft_tokens [B])`` of one chain
+    call: two launches (``_layout_kernel``, ``_decide_kernel``), no other device op. The host
+    allocates the outputs and the work record; the kernels compute the rest (CPU tensors run
+    in the interpreted copy of this module, see ``interpreter.py``)."""
+    interpreted = _INTERPRET or KERNELS_INTERPRETED
+    mod = sys.modules[__name__]
+    b, k = call.b, call.k
+    k1 = k + 1
+    target = _rows_contiguous(call.target, interpreted)
+    device = target.device
+    # One int64 buffer: the work record (drafts, rows, q rows, caller's counts) and the
+    # counters the caller gets back (views of it); one float32 buffer for the rest.
+    i64 = torch.empty(b * (3 * k + 1) + 4 * b + 1, dtype=torch.int64, device=device)
+    f32 = torch.empty(b * (4 * k1 + 1), dtype=torch.float32, device=device)
+    argmax = torch.empty(b * k1 + 1, dtype=torch.int32, device=device)
+    tokens = torch.empty((b, k1), dtype=call.tokens_dtype, device=device)
+    w_drafts, w_rows, w_qrows = i64[:b * k], i64[b * k:b * (2 * k + 1)], i64[b * (2 * k + 1):]
+    w_caller = i64[b * (3 * k + 1):b * (3 * k + 2)]
+    accepted = i64[b * (3 * k + 2):b * (3 * k + 3)]
+    counts = i64[b * (3 * k + 3):b * (3 * k + 4)]
+    emitted = (i64[b * (3 * k + 4):b * (3 * k + 5)] if call.emitted_dtype is torch.int64
+               else torch.empty(b, dtype=call.emitted_dtype, device=device))
+    if b == 0:
+        return tokens, accepted, emitted, counts
+    temps, w_u = f32[:b], f32[b:b + b * k1]
+    stats = (argmax, f32[b + b * k1:b + 2 * b * k1], f32[b + 2 * b * k1:b + 3 * b * k1],
+             f32[b + 3 * b * k1:])
+    rule = 0 if call.all_greedy else spec.rule_code(call.options.sampled_method)
+    typical = rule == spec.RULE_CODES["typical"]
+    has_greedy = not call.none_greedy
+    need_softmax = call.is_logits and not call.all_greedy
+    v = target.shape[1]
+    q = None if call.q is None else _rows_contiguous(call.q, interpreted)
+    rq = 1 if q is None else q.shape[0]
+    eps, alpha = call.options.typical.kernel_scalars()
+    scalars = (v, k, target.shape[0], rq, eps, alpha)
+    kb = max(2, triton.next_power_of_2(k1))
+
+    def ptr(x: torch.Tensor | None) -> torch.Tensor:  # an absent or empty tensor: never read
+        return i64 if x is None or x.numel() == 0 else x
+
+    def stride(x: Any, dim: int = 0) -> int:
+        return x.stride(dim) if isinstance(x, torch.Tensor) and x.dim() > dim else 0
+
+    drafts = call.drafts
+    d_s0, d_s1 = (0, stride(drafts)) if call.flat else (stride(drafts), stride(drafts, 1))
+    u_kind = call.u_kind
+    seeds = call.seeds
+    k_words = spec.row_seed_words(seeds) if u_kind == "seed_int" else (0, 0)
+    seed_t = seeds if isinstance(seeds, torch.Tensor) else None
+    off_t = call.offsets if isinstance(call.offsets, torch.Tensor) else None
+    temp_t = call.temperature if isinstance(call.temperature, torch.Tensor) else None
+    rows, qrows, u = call.rows, call.q_rows, call.uniforms
+    mod._layout_kernel[(b, k1)](
+        (ptr(drafts), d_s0, d_s1, drafts.shape[0] if call.flat else b, ptr(call.sizes),
+         stride(call.sizes)),
+        (ptr(rows), stride(rows), stride(rows, 1), ptr(qrows), stride(qrows), stride(qrows, 1)),
+        (ptr(call.request_map), ptr(temp_t), stride(temp_t),
+         call.temperature if temp_t is None else 0.0),
+        (ptr(u), stride(u), stride(u, 1), ptr(seed_t), stride(seed_t), k_words[0], k_words[1],
+         ptr(off_t), stride(off_t), call.offsets if off_t is None else 0),
+        (target, target.stride(0)),
+        (w_drafts, w_rows, w_qrows, counts, w_caller, temps, w_u), stats, scalars,
+        LAYOUT=spec.pack(spec.LAYOUT_BITS, SIZES=spec.SIZE_CODES[call.sizes_kind],
+                         FLAT=call.flat, COUNT_MINUS=call.count_minus,
+                         DRAFT_SHIFT=call.draft_shift, BONUS_ROWS=call.bonus_rows,
+                         ROWS_GIVEN=rows is not None, QROWS_GIVEN=qrows is not None),
+        SOURCES=spec.pack(spec.SOURCE_BITS, TEMP=spec.TEMP_CODES[call.temp_kind],
+                          U_SRC=spec.U_CODES[u_kind],
+                          OFFSETS=spec.OFFSET_CODES[call.offset_kind],
+                          REQ_MAP=call.request_map is not None),
+        STATS=spec.pack(spec.STATS_BITS, NEED_ARGMAX=has_greedy,
+                        NEED_SOFTMAX=need_softmax, NEED_ENTROPY=typical),
+        BLOCK=_block(v, 1024 if interpreted else 4096), KB=kb, SUM_BLOCK=256,
+        **({} if interpreted else {"num_warps": 8, **_COMPILE_OPTIONS}),
+    )  # fmt: skip
+    bonus = call.bonus
+    mod._decide_kernel[(b,)](
+        (target, target.stride(0), w_rows),
+        (w_drafts, target if q is None else q, 0 if q is None else q.stride(0), w_qrows),
+        (counts, temps, w_u), stats, (tokens, accepted, emitted),
+        (ptr(bonus), stride(bonus), w_caller), scalars,
+        FLAGS=spec.pack(spec.DECIDE_BITS, IS_LOGITS=call.is_logits, HAS_Q=q is not None,
+                        HAS_U=not call.all_greedy, HAS_GREEDY=has_greedy,
+                        HAS_BONUS=bonus is not None),
+        RULE=rule, BLOCK=_block(v, 1024 if interpreted else 2048), KB=kb,
+        **({} if interpreted else {"num_warps": 4, **_COMPILE_OPTIONS}),
+    )  # fmt: skip
+    return tokens, accepted, emitted, counts
 
 
 def _rows_contiguous(x: torch.Tensor, interpreted_kernels: bool) -> torch.Tensor:

@@ -113,6 +113,13 @@ def verify_interpreted(inputs: Any) -> tuple[Any, Any]:
         return module.verify_triton(inputs)
 
 
+def launch_interpreted(spec: Any) -> tuple[Any, ...]:
+    """The kernels' launch pair for a lean call on CPU tensors, in Triton's interpreter."""
+    module = interpreted_kernels()
+    with _LAUNCH_LOCK, _interpreted_stdlib():
+        return module.launch(spec)
+
+
 def verify_tree_interpreted(inputs: Any) -> tuple[Any, Any, Any]:
     """The tree kernel's decision for CPU tensors, computed by Triton's interpreter."""
     module = interpreted_copy(TREE_MODULE)

@@ -26,8 +26,15 @@ import numpy as np
 import torch
 
 from portable_verify import verify_rows
+from portable_verify.api.call import decide, lean_backend
 from portable_verify.core import layout
-from portable_verify.core.types import DEFAULT_OPTIONS, PLACEHOLDER_TOKEN_ID, VerifyOptions
+from portable_verify.core.layout import FlatLayout
+from portable_verify.core.types import (
+    DEFAULT_OPTIONS,
+    PLACEHOLDER_TOKEN_ID,
+    VerifyCall,
+    VerifyOptions,
+)
 from portable_verify.integrations.generator_seeds import seeds_from_generators
 
 logger = logging.getLogger("vllm.plugins.portable_verify")
@@ -81,6 +88,11 @@ def verify_spec_decode_step(
         out = torch.full((b, k + 1), PLACEHOLDER_TOKEN_ID, dtype=torch.int32, device=device)
         out[:, 0] = bonus_token_ids.reshape(-1).to(torch.int32)
         return out
+    options = _greedy(options) if all_greedy else options
+    if lean_backend(backend, device.type, options.sampled_method) is not None:
+        return _lean_step(draft_token_ids, cu_num_draft_tokens, k, draft_probs, target_logits,
+                          bonus_token_ids, sampling_metadata, num_draft_tokens, backend,
+                          options, unseeded)
     host = device.type == "cpu"
     if host:  # numpy, and maps cached per step shape: a step is a few small array ops
         counts, rows, draft_rows, used = _host_maps(tuple(num_draft_tokens), k)
@@ -98,9 +110,7 @@ def verify_spec_decode_step(
         bonus = bonus_token_ids.reshape(-1)
     temps: float | Any = 1.0
     seeds: Any = None
-    if all_greedy:
-        options = _greedy(options)
-    else:
+    if not all_greedy:
         skip = frozenset(i for i, m in enumerate(num_draft_tokens) if m == 0)
         seeds = seeds_from_generators(sampling_metadata.generators, b, device, skip_rows=skip,
                                       check=False,
@@ -119,6 +129,34 @@ def verify_spec_decode_step(
         options=options, backend=backend, validate=False)
     tokens = result.token_ids
     return torch.from_numpy(tokens.astype(np.int32)) if host else tokens.to(torch.int32)
+
+
+def _lean_step(drafts: torch.Tensor, cu: torch.Tensor, k: int, draft_probs: Any,
+               target_logits: torch.Tensor, bonus: torch.Tensor, metadata: Any,
+               num_draft_tokens: list[int], backend: str, options: VerifyOptions,
+               unseeded: Any) -> torch.Tensor:
+    """The step on a backend that builds the maps on its device (``traits.lean_calls``): the
+    layout is described (inclusive offsets, no bonus rows) and the kernels write vLLM's int32
+    rows; the only other device work is the seeds' draw."""
+    b = len(num_draft_tokens)
+    temps: Any = 1.0
+    seeds: Any = None
+    greedy_only = options.sampled_method is None
+    if not greedy_only:
+        skip = frozenset(i for i, m in enumerate(num_draft_tokens) if m == 0)
+        seeds = seeds_from_generators(metadata.generators, b, target_logits.device,
+                                      skip_rows=skip, check=False,
+                                      fallback=unseeded(target_logits.device)
+                                      if callable(unseeded) else unseeded)
+        if not metadata.all_random:
+            assert metadata.temperature is not None, "vLLM gives temperatures when mixed"
+            temps = metadata.temperature[:b]
+    call = VerifyCall(drafts, None, target_logits, "target_logits", None, draft_probs, None,
+                      temps, seeds, None, None, bonus, options,
+                      None if greedy_only else options.sampled_method, False, backend, False,
+                      False, FlatLayout(cu, "cu_inclusive", b, k, bonus_rows=False,
+                                        temperature_marks=True, tokens_dtype=torch.int32))
+    return decide(call).token_ids
 
 
 @functools.lru_cache(maxsize=256)
