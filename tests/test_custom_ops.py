@@ -107,6 +107,12 @@ def test_opcheck(op: str) -> None:
     torch.library.opcheck(getattr(torch.ops.portable_verify, op), args)
 
 
+def test_opcheck_on_the_triton_lean_path() -> None:
+    """The lean path returns views of one buffer: the op's outputs are still fresh tensors."""
+    args = (*_op_arguments(_chain())["verify_chain"][:-1], "triton:interpreter")
+    torch.library.opcheck(torch.ops.portable_verify.verify_chain, args)
+
+
 def test_validate_true_under_compile_breaks_the_graph() -> None:
     """Documented: validate=True runs the door outside the graph; fullgraph refuses that."""
     step = _doors(_chain(), validate=True)["verify"]

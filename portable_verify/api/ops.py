@@ -103,11 +103,18 @@ def _door_keywords(op: str, args: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fresh(outputs: tuple[torch.Tensor, ...], args: dict[str, Any]) -> tuple[torch.Tensor, ...]:
-    """Outputs that share no storage with an input (a custom op's outputs never alias)."""
+    """Outputs that share no storage with an input or with each other, dense from offset 0 (a
+    custom op's outputs are fresh tensors, as its fake says; the lean Triton path returns
+    views of one buffer, copied here: the compiled path's only extra device work)."""
     taken = {a.untyped_storage().data_ptr() for a in args.values()
              if isinstance(a, torch.Tensor) and a.numel()}
-    return tuple(o.clone() if o.numel() and o.untyped_storage().data_ptr() in taken else o
-                 for o in outputs)
+    fresh = []
+    for o in outputs:
+        where = o.untyped_storage().data_ptr() if o.numel() else None
+        own = where not in taken and not o.storage_offset() and o.is_contiguous()
+        fresh.append(o if own else o.clone())
+        taken.add(where)
+    return tuple(fresh)
 
 
 def _run(op: str) -> Callable[..., tuple[torch.Tensor, ...]]:

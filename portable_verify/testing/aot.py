@@ -109,11 +109,14 @@ def _compiled_launches(gpu: Any, found: dict[tuple[Any, ...], CompiledVariant]
     """The Triton backend runs its compiled launchers on CPU tensors; each launch compiles."""
     from triton.runtime.jit import JITFunction
 
-    from portable_verify.backends.triton import chain, tree
+    from portable_verify.backends.triton import chain, spec, tree
     from portable_verify.backends.triton.backend import TritonBackend
 
     def run(self: Any, inputs: Any) -> Any:
         return tuple(x.zero_() for x in chain.verify_triton(inputs))
+
+    def run_lean(self: Any, call: Any) -> Any:
+        return tuple(x.zero_() for x in chain.launch(spec.from_call(call)))
 
     def run_tree(self: Any, inputs: Any) -> Any:
         return tuple(x.zero_() for x in tree.verify_tree_triton(inputs))
@@ -122,10 +125,10 @@ def _compiled_launches(gpu: Any, found: dict[tuple[Any, ...], CompiledVariant]
         variant = _compile(self, gpu, args, kwargs)
         found.setdefault((variant.kernel, variant.constants, variant.rows_dtype), variant)
 
-    saved = [(TritonBackend, "run", TritonBackend.run), (TritonBackend, "run_tree",
-                                                           TritonBackend.run_tree),
-             (JITFunction, "run", JITFunction.run)]
-    TritonBackend.run, TritonBackend.run_tree, JITFunction.run = run, run_tree, launch
+    saved = [(TritonBackend, name, getattr(TritonBackend, name))
+             for name in ("run", "run_lean", "run_tree")] + [(JITFunction, "run", JITFunction.run)]
+    TritonBackend.run, TritonBackend.run_lean, TritonBackend.run_tree = run, run_lean, run_tree
+    JITFunction.run = launch
     try:
         yield
     finally:
