@@ -47,4 +47,4 @@ def test_negative_control_float64_and_registers_are_seen() -> None:
     x = torch.ones(64)
     variant = aot._compile(_f64_sum, GPUTarget(*aot.H200), (x, x),
                             {"BLOCK": 64, "enable_fp_fusion": False})
-    assert variant.f64_in_ttir and variant.n_regs > 0 and variant.rows_dtype == "fp32"
+    assert variant.f64_in_ttir and variant.n_regs > 0 and variant.float_pointers == "fp32"

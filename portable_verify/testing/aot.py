@@ -32,7 +32,8 @@ class CompiledVariant:
 
     kernel: str
     constants: tuple[tuple[str, Any], ...]
-    rows_dtype: str  # the first pointer argument's element type (the target rows)
+    float_pointers: str  # the float element types its pointers take, e.g. "bf16+fp32"
+    signature: str
     n_regs: int
     n_spills: int  # bytes of spill stores
     f64_in_ttir: bool
@@ -40,7 +41,7 @@ class CompiledVariant:
     def describe(self) -> str:
         flags = " ".join(f"{k}={v}" for k, v in self.constants)
         return (f"{self.kernel:18s} regs {self.n_regs:3d} spills {self.n_spills:4d} B "
-                f"f64 {'yes' if self.f64_in_ttir else 'no '} {self.rows_dtype:5s} {flags}")
+                f"f64 {'yes' if self.f64_in_ttir else 'no '} {self.float_pointers:9s} {flags}")
 
 
 def chain_calls(full: bool = True) -> list[dict[str, Any]]:
@@ -123,7 +124,7 @@ def _compiled_launches(gpu: Any, found: dict[tuple[Any, ...], CompiledVariant]
 
     def launch(self: Any, *args: Any, grid: Any, warmup: bool, **kwargs: Any) -> None:
         variant = _compile(self, gpu, args, kwargs)
-        found.setdefault((variant.kernel, variant.constants, variant.rows_dtype), variant)
+        found.setdefault((variant.kernel, variant.constants, variant.signature), variant)
 
     saved = [(TritonBackend, name, getattr(TritonBackend, name))
              for name in ("run", "run_lean", "run_tree")] + [(JITFunction, "run", JITFunction.run)]
@@ -154,9 +155,9 @@ def _compile(kernel: Any, gpu: Any, args: tuple[Any, ...], kwargs: dict[str, Any
     constants = tuple((names[path[0]], value) for path, value in constexprs.items()
                       if len(path) == 1)
     regs, spills = ptxas_usage(compiled.asm["ptx"], gpu.arch, options.enable_fp_fusion)
-    pointers = [t for t in _leaves(list(signature.values())) if t.startswith("*")]
-    return CompiledVariant(kernel.fn.__name__, constants, pointers[0][1:] if pointers else "",
-                           regs, spills, _has_f64(compiled.asm["ttir"]))
+    floats = {t[1:] for t in _leaves(list(signature.values())) if t[:3] in ("*fp", "*bf")}
+    return CompiledVariant(kernel.fn.__name__, constants, "+".join(sorted(floats)),
+                           str(signature), regs, spills, _has_f64(compiled.asm["ttir"]))
 
 
 def _leaves(values: Any) -> list[str]:
