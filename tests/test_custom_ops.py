@@ -130,3 +130,19 @@ def test_a_bad_value_with_validate_true_is_still_refused_under_compile() -> None
     step = _doors(c, validate=True)["verify"]
     with pytest.raises(ValueError, match="draft_token_ids"):
         torch.compile(step, backend="aot_eager")()
+
+
+def test_the_ops_register_when_dynamo_loads_and_not_before() -> None:
+    """``import portable_verify`` does not load torch._dynamo (seconds) nor register the ops;
+    importing dynamo registers them (what torch.compile's first call does)."""
+    import subprocess
+    import sys
+
+    script = ("import sys, torch, portable_verify\n"
+              "assert 'torch._dynamo' not in sys.modules\n"
+              "assert not hasattr(torch.ops.portable_verify, 'verify_chain')\n"
+              "import torch._dynamo\n"
+              "print(torch.ops.portable_verify.verify_tree)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and "portable_verify.verify_tree" in out.stdout, out.stderr
