@@ -5,6 +5,7 @@
 ['numpy', 'openvino:CPU', 'torch:cpu', 'triton:interpreter']
 """
 
+from portable_verify.api import ops as _ops  # noqa: F401 - the custom ops, for torch.compile
 from portable_verify.api.padded import verify
 from portable_verify.api.ragged import verify_ragged
 from portable_verify.api.rows import verify_rows
