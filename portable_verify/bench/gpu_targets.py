@@ -231,10 +231,14 @@ def launch_targets(device: torch.device, backend: str, dry_run: bool) -> dict[st
                 if is_cuda(device):
                     cell.update(launches(fn))
                     cell["sync_error"] = sync_free(fn)
+                cell["proxy"] = proxy_count(fn)
             except Exception as exc:
                 cell["error"] = f"{type(exc).__name__}: {exc}"[:400]
             cells.append(cell)
     measured = [c for c in cells if "launches" in c]
+    differ = [f"{c['method']}/{c['door']}: profiler {c['launches']}, proxy {c['proxy']}"
+              for c in measured if isinstance(c.get("proxy"), int)
+              and c["proxy"] != c["launches"] + c["rng_draws"]]
     over = [f"{c['method']}/{c['door']}: {c['launches']}" for c in measured
             if c["launches"] > c["bound"]]
     syncs = [f"{c['method']}/{c['door']}" for c in measured if c.get("sync_error")]
@@ -244,7 +248,22 @@ def launch_targets(device: torch.device, backend: str, dry_run: bool) -> dict[st
         target("launches per chain call", over or "all within bound",
                "<= 2 (typical, block <= 3)", (not over) if done else None),
         target("device reads per call (sync debug mode error)", syncs or "none", "0",
-               (not syncs) if done else None)]}
+               (not syncs) if done else None),
+        target("CI's proxy count equals the profiler's", differ or "equal", "equal",
+               (not differ) if done else None)]}
+
+
+def proxy_count(fn: Callable[[], Any]) -> int | str:
+    """Launches of one call as CI's proxy counts them (testing/launches.py: aten ops that
+    launch device work plus Triton launches), to hold against the profiler's count."""
+    from portable_verify.testing.launches import count_launches
+
+    try:
+        with count_launches(refuse_reads=False) as counter:
+            fn()
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"[:200]
+    return counter.count
 
 
 def founding_targets(device: torch.device, backend: str, dry_run: bool) -> dict[str, Any]:
