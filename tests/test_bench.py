@@ -459,15 +459,22 @@ def _rendered(table: object, width: int) -> list[str]:
     return console.file.getvalue().splitlines()
 
 
-def test_default_table_fits_100_columns_without_cutting_a_cell() -> None:
+def _compact_text(cells: list[dict], meta: dict) -> str:
+    """The default table rendered at 100 columns, checked to fit without cutting a cell."""
     from portable_verify.bench import output
 
-    cells, meta = _synthetic_cells(), _meta()
     (table,) = output.compact_tables(cells, meta)
     lines = _rendered(table, 100)
     assert all(len(line) <= 100 for line in lines)
     assert not any("\u2026" in line for line in lines), "\n".join(lines)
-    text = "\n".join(lines)
+    return "\n".join(lines)
+
+
+def test_default_table_fits_100_columns_without_cutting_a_cell() -> None:
+    from portable_verify.bench import output
+
+    cells, meta = _synthetic_cells(), _meta()
+    text = _compact_text(cells, meta)
     for expected in ("rejection", "probs", "logits", "64,5,128256", "12345.678",
                      "12345678.90", "1234.5", "MISSED 3 of 3"):
         assert expected in text, expected
@@ -749,17 +756,12 @@ def test_cuda_table_puts_eager_and_graph_times_side_by_side_in_100_columns() -> 
     from portable_verify.bench import output
 
     cells, meta = _gpu_cells(), _gpu_meta()
-    (table,) = output.compact_tables(cells, meta)
-    lines = _rendered(table, 100)
-    assert all(len(line) <= 100 for line in lines)
-    assert not any("\u2026" in line for line in lines), "\n".join(lines)
-    text = "\n".join(lines)
+    text = _compact_text(cells, meta)
     for expected in ("eager ms", "graph ms", "x floor", "12345.678", "12345678.90",
                      "NVIDIA H200", "4123 GB/s", "median of 50"):
         assert expected in text, expected
     # Negative control: a CPU run's table (no graph time) has neither column.
-    (cpu_table,) = output.compact_tables(_synthetic_cells(), _meta())
-    cpu_text = "\n".join(_rendered(cpu_table, 100))
+    cpu_text = _compact_text(_synthetic_cells(), _meta())
     assert "graph ms" not in cpu_text and "ms/call" in cpu_text
     def wide_header(cells: list[dict], meta: dict) -> list[str]:
         header = next(line for line in _rendered(output.render_table(cells, meta), 1000)
