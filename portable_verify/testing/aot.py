@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 import portable_verify as pv
+from portable_verify.core import methods
 
 H200 = ("cuda", 90, 32)
 """The lent GPU's target: backend, compute capability, warp size."""
@@ -56,11 +57,11 @@ def chain_calls(full: bool = True) -> list[dict[str, Any]]:
                 dict(draft_token_ids=drafts, target_logits=logits, draft_probs=q,
                      method="rejection", temperature=0.8, seed=1)]
     calls = []
-    for method in ("greedy", "rejection", "typical", "block"):
+    for method in methods.distinct(methods.CHAIN):
         for target in ("target_logits", "target_probs"):
             for temperature in ([1.0] if target == "target_probs" else [0.8, torch.tensor(
                     [0.0, 0.8])]):
-                for draft in ([None] if method in ("greedy", "typical") else [None, q]):
+                for draft in ([None, q] if methods.reads_draft_probs(method) else [None]):
                     calls.append(dict(draft_token_ids=drafts, method=method, draft_probs=draft,
                                       temperature=temperature, seed=1,
                                       **{target: logits.softmax(-1) if "probs" in target
@@ -78,11 +79,11 @@ def tree_calls() -> list[dict[str, Any]]:
     logits = torch.zeros((b, n, v))
     q = torch.full((b, n, v), 1.0 / v)
     calls = [dict(node_token_ids=nodes, parents=parents, target_logits=logits, method="greedy")]
-    for method in ("rejection", "typical", "traversal"):
+    for method in methods.sampled(methods.TREE):
         for children, draft in (("deterministic", None), ("iid", q),
                                 ("without_replacement", q)):
-            if method == "typical" and children != "deterministic":
-                continue
+            if children != "deterministic" and not methods.reads_draft_probs(method):
+                continue  # a rule that reads no draft probabilities has no sampled children
             calls.append(dict(node_token_ids=nodes, parents=parents, target_logits=logits,
                               draft_probs=draft, children=children, method=method,
                               temperature=0.8, seed=1))
