@@ -6,6 +6,8 @@
 """
 
 from portable_verify.api import ops as _ops  # noqa: F401 - the custom ops, for torch.compile
+from portable_verify.api.call import decide as verify_call
+from portable_verify.api.call import lean_calls
 from portable_verify.api.padded import verify
 from portable_verify.api.ragged import verify_ragged
 from portable_verify.api.rows import verify_rows
@@ -45,11 +47,13 @@ __all__ = [
     "backend_status",
     "compute_metrics",
     "get_backend",
+    "lean_calls",
     "metrics_to_python",
     "register_backend",
     "tree_attention_mask",
     "unregister_backend",
     "verify",
+    "verify_call",
     "verify_ragged",
     "verify_rows",
     "verify_tree",

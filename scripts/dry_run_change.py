@@ -12,8 +12,8 @@ anchor below still exists, so a moved table fails the suite, not a later dry run
     python scripts/dry_run_change.py                  # all three changes, counts and files
     python scripts/dry_run_change.py --check          # also run the method tests on each copy
 
-Triton: the edits are written against the family before its one ``RULE`` table (branch
-``lean``); update them with it.
+Triton: a clone takes rejection's code in ``spec.py``'s tables (the kernels' ``RULE``), whose
+keys are the backend's declared rules; a real rule adds its branch in the kernel too.
 """
 
 from __future__ import annotations
@@ -115,8 +115,8 @@ CHANGES: dict[str, list[Edit]] = {
              "if not (o.rule == REJECTION or o.rule == TYPICAL or o.rule == GREEDY):",
              "if not (o.rule == REJECTION or o.rule == TYPICAL or o.rule == GREEDY\n"
              "            or o.rule == PLACEHOLDER):"),
-        Edit(f"{PV}/backends/triton/backend.py", 'CHAIN_RULES = ("rejection", "typical", "block")',
-             'CHAIN_RULES = ("rejection", "typical", "block", "placeholder")'),
+        Edit(f"{PV}/backends/triton/spec.py", '"block": 2}',
+             '"block": 2, "placeholder": 0}'),
         Edit(f"{PV}/backends/openvino/backend.py", '"block": _block}',
              '"block": _block, "placeholder": _token_wise}'),
         Edit(f"{PV}/backends/openvino/chain_graphs.py", '    "typical": _typical,\n}',
@@ -144,10 +144,7 @@ CHANGES: dict[str, list[Edit]] = {
         _NUMBA_IMPORT,
         Edit(f"{PV}/backends/numba/entries.py", "            or o.rule == GREEDY):",
              "            or o.rule == GREEDY or o.rule == PLACEHOLDER):"),
-        Edit(f"{PV}/backends/triton/backend.py",
-             'TREE_RULES = ("rejection", "typical", "traversal")',
-             'TREE_RULES = ("rejection", "typical", "traversal", "placeholder")'),
-        Edit(f"{PV}/backends/triton/tree.py", '"traversal": 2}',
+        Edit(f"{PV}/backends/triton/spec.py", '"traversal": 2}',
              '"traversal": 2, "placeholder": 0}'),
         Edit(f"{PV}/backends/openvino/backend.py",
              'TREE_RULES = ("rejection", "typical", "traversal")',
@@ -185,9 +182,9 @@ CHANGES: dict[str, list[Edit]] = {
             ("V, K, _R, RQ, _eps, _alpha = scalars", "V, K, _R, RQ, _eps, _alpha, _beta = scalars"),
             ("V, K, R, RQ, eps, alpha = scalars", "V, K, R, RQ, eps, alpha, beta = scalars"),
             ("_typical_threshold(h, eps, alpha)", "_typical_threshold(h, eps, alpha, beta)"),
-            ("eps, alpha = inputs.options.typical.kernel_scalars()",
-             "eps, alpha, beta = inputs.options.typical.kernel_scalars()"),
-            ("rq, eps, alpha))", "rq, eps, alpha, beta))"))],
+            ("eps, alpha = call.options.typical.kernel_scalars()",
+             "eps, alpha, beta = call.options.typical.kernel_scalars()"),
+            ("rq, eps, alpha)\n", "rq, eps, alpha, beta)\n"))],
         *[Edit(f"{PV}/backends/triton/tree.py", old, new) for old, new in (
             ("V, _N, W, eps, alpha = scalars", "V, _N, W, eps, alpha, beta = scalars"),
             ("_typical_threshold(h, eps, alpha)", "_typical_threshold(h, eps, alpha, beta)"),

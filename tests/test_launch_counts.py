@@ -3,7 +3,7 @@ counted on the host code ``triton:interpreter`` runs, with negative controls.
 
 The targets: at most two launches per greedy/rejection chain call, three for typical and block,
 no device read with ``validate=False``, on every chain door; every chain launch at least 128
-programs at B = 1 and 16, V = 128256. What the lean door has not reached yet is
+programs at B = 1 and 16, V = 128256. What the lean doors have not reached yet is
 xfail(strict): an unexpected pass fails, so a marker must go when its target is met.
 """
 
@@ -153,13 +153,7 @@ def _door_call(door: str, method: str) -> Callable[[], object]:
                                            unseeded=unseeded)
 
 
-ROWS_ON_HOST = ("parse_rows takes its numpy path on CPU tensors (api/parse.py _exact/_host: "
-                "Tensor.numpy()), chosen by device, not by the backend")
-
-
-@pytest.mark.parametrize("door", [
-    *[d for d in DOORS if d != "verify_rows"],
-    pytest.param("verify_rows", marks=pytest.mark.xfail(strict=True, reason=ROWS_ON_HOST))])
+@pytest.mark.parametrize("door", DOORS)
 @pytest.mark.parametrize("method", list(METHOD_LAUNCHES))
 def test_launch_targets_per_method_and_door(door: str, method: str) -> None:
     call = _door_call(door, method)

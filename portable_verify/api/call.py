@@ -59,7 +59,8 @@ def effective_counts(drafts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor
 
 
 def decide(call: VerifyCall) -> VerifyResult:
-    """Pick the backend for ``call``, run it, and shape the result."""
+    """Pick the backend for ``call``, run it, and shape the result. Public as
+    ``pv.verify_call``: engines' seams hand it the call they described (``lean_calls``)."""
     host = call.host
     backend = dispatch.select_backend(call.backend, "cpu" if host else call.target.device.type,
                                       call.rule)
@@ -94,6 +95,15 @@ def lean_backend(name: str, device_type: str, rule: str | None) -> Backend | Non
     their layout for it (``core.layout.FlatLayout``) instead of building row maps."""
     backend = dispatch.select_backend(name, device_type, rule)
     return backend if backend.traits.lean_calls else None
+
+
+def lean_calls(backend: str, device_type: str, rule: str | None) -> bool:
+    """Public (``pv.lean_calls``): whether ``backend`` on ``device_type`` tensors decides
+    unvalidated calls from the caller's arrays. An engine's seam then hands
+    :func:`decide` (``pv.verify_call``) a ``VerifyCall`` whose ``FlatLayout`` describes its
+    layout, instead of building row maps for ``pv.verify_rows``. One selector lookup: cheap
+    enough for every engine step."""
+    return lean_backend(backend, device_type, rule) is not None
 
 
 def _tensors(call: VerifyCall) -> VerifyCall:

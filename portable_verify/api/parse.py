@@ -411,6 +411,15 @@ def parse_ragged(draft_token_ids: ArrayLike, num_draft_tokens: ArrayLike | None,
                            validate, return_numpy)
 
 
+def _lean(backend: str, target: Any, options: VerifyOptions, temperature: Any) -> bool:
+    """Whether ``backend`` decides unvalidated calls on ``target``'s device from the caller's
+    arrays (``traits.lean_calls``): the doors then skip their host paths."""
+    from portable_verify.api.call import lean_backend
+
+    device_type = target.device.type if type(target) is torch.Tensor else "cpu"
+    return lean_backend(backend, device_type, _rule(options, temperature)) is not None
+
+
 def _lean_ragged(draft_token_ids: Any, num_draft_tokens: Any, cu_num_draft_tokens: Any,
                  target_logits: Any, target_probs: Any, draft_probs: Any, temperature: Any,
                  seed: Any, seed_offset: Any, uniforms: Any, max_k: int | None,
@@ -419,12 +428,9 @@ def _lean_ragged(draft_token_ids: Any, num_draft_tokens: Any, cu_num_draft_token
     """An unvalidated flat call for a backend that computes the row maps itself
     (``traits.lean_calls``): the layout described (``layout.FlatLayout``), no map built; None
     for any other backend. ``K`` without ``max_num_draft_tokens`` costs the documented sync."""
-    from portable_verify.api.call import lean_backend
-
-    given = target_logits if target_probs is None else target_probs
     rule = _rule(options, temperature)
-    if lean_backend(backend, given.device.type if type(given) is torch.Tensor else "cpu",
-                    rule) is None:
+    if not _lean(backend, target_logits if target_probs is None else target_probs, options,
+                 temperature):
         return None  # (cheap: the CPU host path runs right after)
     target, target_name = target_tensor(target_logits, target_probs)
     flat = to_tensor("draft_token_ids", draft_token_ids)
@@ -599,8 +605,12 @@ def parse_rows(draft_token_ids: ArrayLike, target_rows: ArrayLike,
     require_together("draft_probs", draft_probs, "draft_rows", draft_rows)  # in every form
     return_numpy = type(draft_token_ids) is not torch.Tensor
     target_in, target_name = _target(target_logits, target_probs)
-    drafts = _plain(draft_token_ids, _I64, torch.int64)
-    target = _plain(target_in, _F32, torch.float32)
+    # The backend picks the path: one that decides unvalidated calls from the caller's tensors
+    # gets them as given, never converted to numpy on the host (a device read per tensor).
+    lean = (validate is False and type(target_in) is torch.Tensor
+            and _lean(backend, target_in, options, temperature))
+    drafts = None if lean else _plain(draft_token_ids, _I64, torch.int64)
+    target = None if lean else _plain(target_in, _F32, torch.float32)
     if (drafts is not None and target is not None and drafts.ndim == 2 and target.ndim == 2
             and target.shape[1] >= 1 and (target_probs is None or target_logits is None)):
         b, k = drafts.shape

@@ -66,8 +66,8 @@ def chain_calls(full: bool = True) -> list[dict[str, Any]]:
                                       temperature=temperature, seed=1,
                                       **{target: logits.softmax(-1) if "probs" in target
                                          else logits}))
-    calls.append(dict(draft_token_ids=drafts, target_logits=logits.bfloat16(),
-                      method="rejection", temperature=0.8, seed=1))
+    calls.append(dict(draft_token_ids=drafts, target_logits=logits.bfloat16(), method="rejection",
+                      temperature=0.8, seed=1))
     return calls
 
 
@@ -83,7 +83,7 @@ def tree_calls() -> list[dict[str, Any]]:
         for children, draft in (("deterministic", None), ("iid", q),
                                 ("without_replacement", q)):
             if children != "deterministic" and not methods.reads_draft_probs(method):
-                continue  # its rule ignores the draft's distribution: deterministic children
+                continue  # a rule that reads no draft probabilities has no sampled children
             calls.append(dict(node_token_ids=nodes, parents=parents, target_logits=logits,
                               draft_probs=draft, children=children, method=method,
                               temperature=0.8, seed=1))

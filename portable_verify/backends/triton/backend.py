@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from portable_verify.backends.base import Availability, Backend, BackendTraits
+from portable_verify.backends.triton import spec
 from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import VerifyCall, VerifyInputs
@@ -124,10 +125,10 @@ def _interpreter_availability() -> Availability:
                               "meant for tests)")
 
 
-CHAIN_RULES = ("rejection", "typical", "block")
-"""The sampled rules of the chain kernel (its ``typical`` and ``block`` switches)."""
-TREE_RULES = ("rejection", "typical", "traversal")
-"""The sampled rules of the tree kernel."""
+CHAIN_RULES = tuple(spec.RULE_CODES)
+"""The chain kernels' sampled rules: the keys of their ``RULE`` table, nothing else."""
+TREE_RULES = tuple(spec.TREE_RULE_CODES)
+"""The tree kernel's sampled rules: the keys of its ``RULE`` table."""
 
 
 class TritonBackend(Backend):
@@ -157,8 +158,8 @@ class TritonBackend(Backend):
         return _gpu_availability(str(self.device))
 
     def run(self, inputs: VerifyInputs) -> tuple[Any, Any]:
-        if not inputs.all_greedy and inputs.sampled_method not in CHAIN_RULES:
-            raise methods.unknown_rule(inputs.sampled_method, self.qualified_name, methods.CHAIN)
+        if not inputs.all_greedy:
+            spec.rule_code(inputs.sampled_method, methods.CHAIN, self.qualified_name)
         if self.device == INTERPRETER:
             from portable_verify.backends.triton.interpreter import verify_interpreted
 
@@ -168,10 +169,7 @@ class TritonBackend(Backend):
         return verify_triton(inputs)
 
     def run_lean(self, call: VerifyCall) -> tuple[Any, Any, Any, Any]:
-        if call.rule is not None and call.rule not in CHAIN_RULES:
-            raise methods.unknown_rule(call.rule, self.qualified_name, methods.CHAIN)
-        from portable_verify.backends.triton import spec
-
+        spec.rule_code(call.rule, methods.CHAIN, self.qualified_name)
         chain_spec = spec.from_call(call)
         if self.device == INTERPRETER:
             from portable_verify.backends.triton.interpreter import launch_interpreted
@@ -182,8 +180,8 @@ class TritonBackend(Backend):
         return launch(chain_spec)
 
     def run_tree(self, inputs: TreeInputs) -> tuple[Any, Any, Any]:
-        if not inputs.all_greedy and inputs.sampled_method not in TREE_RULES:
-            raise methods.unknown_rule(inputs.sampled_method, self.qualified_name, methods.TREE)
+        if not inputs.all_greedy:
+            spec.rule_code(inputs.sampled_method, methods.TREE, self.qualified_name)
         if self.device == INTERPRETER:
             from portable_verify.backends.triton.interpreter import verify_tree_interpreted
 

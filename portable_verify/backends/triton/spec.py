@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify.core import rng
+from portable_verify.core import methods, rng
 from portable_verify.core.arguments import FLOAT32_MAX, SEED_RANGE, to_tensor
 from portable_verify.core.layout import FlatLayout
 from portable_verify.core.types import VerifyCall, VerifyInputs, VerifyOptions
@@ -34,7 +34,11 @@ OFFSET_CODES = {"scalar": 0, "values": 1, "at_first_row": 2}
 """``OFFSETS``: one int, int ``[B]``, or ``[R]`` values read at each request's first row."""
 RULE_CODES = {"rejection": 0, "typical": 1, "block": 2}
 """``_decide_kernel``'s ``RULE``: the sampled rows' rule (all-greedy calls pass 0, unread);
-a code past the table is flagged by the kernel, never run as another rule."""
+a code past the table is flagged by the kernel, never run as another rule. Its keys are the
+backend's declared chain rules."""
+TREE_RULE_CODES = {"rejection": 0, "typical": 1, "traversal": 2}
+"""``_tree_kernel``'s ``RULE`` (triton/tree.py): its keys are the declared tree rules. Here,
+beside the chain's, so the backend reads both without importing Triton."""
 
 LAYOUT_BITS = (("SIZES", 2), ("FLAT", 1), ("COUNT_MINUS", 1), ("DRAFT_SHIFT", 1),
                ("BONUS_ROWS", 1), ("ROWS_GIVEN", 1), ("QROWS_GIVEN", 1))
@@ -60,17 +64,15 @@ def pack(bits: tuple[tuple[str, int], ...], **values: int | bool) -> int:
     return out
 
 
-def rule_code(rule: str | None) -> int:
-    """The kernel's code of a sampled rule (the host's one lookup; a miss is the caller's
-    ``methods.unknown_rule``, raised before any launch)."""
+def rule_code(rule: str | None, layout: str = methods.CHAIN, backend: str = "triton") -> int:
+    """The kernel's code of a sampled rule of ``layout`` (the host's one lookup; a miss is
+    ``methods.unknown_rule``, raised before any launch). ``None`` (every row greedy): 0."""
     if rule is None:
         return 0
     try:
-        return RULE_CODES[rule]
+        return (TREE_RULE_CODES if layout == methods.TREE else RULE_CODES)[rule]
     except KeyError:
-        from portable_verify.core import methods
-
-        raise methods.unknown_rule(rule, "triton", methods.CHAIN) from None
+        raise methods.unknown_rule(rule, backend, layout) from None
 
 
 @dataclass(slots=True)

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from portable_verify.backends.triton import spec
+from portable_verify.core import methods
 from portable_verify.core.tree import TreeInputs
 from portable_verify.core.types import PLACEHOLDER_TOKEN_ID
 
@@ -46,8 +48,9 @@ _scan_chunk, _typical_threshold = _chain._scan_chunk, _chain._typical_threshold
 PLACEHOLDER = tl.constexpr(PLACEHOLDER_TOKEN_ID)
 _TL_CORE = tl.core  # in the globals so the interpreter patches it at launch
 CHILDREN_CODES = {"deterministic": 0, "iid": 1, "without_replacement": 2}
-RULE_CODES = {"rejection": 0, "typical": 1, "traversal": 2}
-"""The kernel's ``RULE`` switch for sampled rows."""
+RULE_CODES = spec.TREE_RULE_CODES
+"""The kernel's ``RULE`` switch for sampled rows (declared in triton/spec.py, read by the host
+without Triton)."""
 
 
 @_device
@@ -572,8 +575,9 @@ def verify_tree_triton(inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, 
     if b == 0:
         return tokens, nodes, accepted
     sampled = not inputs.all_greedy
-    rule = RULE_CODES.get(inputs.sampled_method, 0) if sampled else 0
-    rows, request, scratch, scalars = _records(inputs, interpreted, sampled and rule != 1)
+    rule = spec.rule_code(inputs.sampled_method if sampled else None, methods.TREE)
+    rows, request, scratch, scalars = _records(inputs, interpreted, rule,
+                                               sampled and rule != RULE_CODES["typical"])
     v = scalars[0]
     mod._tree_kernel[(b,)](
         rows, request, scratch, (tokens, nodes, accepted), scalars,
@@ -589,7 +593,7 @@ def verify_tree_triton(inputs: TreeInputs) -> tuple[torch.Tensor, torch.Tensor, 
     return tokens, nodes, accepted
 
 
-def _records(inputs: TreeInputs, interpreted: bool,
+def _records(inputs: TreeInputs, interpreted: bool, rule: int,
              exact: bool) -> tuple[tuple[Any, ...], ...]:
     """The tree kernel's grouped arguments, built here once: ``rows`` (target rows and stride,
     draft rows and stride), ``request`` (node ids, parents, counts, temperatures, uniforms),
@@ -606,7 +610,7 @@ def _records(inputs: TreeInputs, interpreted: bool,
     wr = exact and inputs.children == "without_replacement"
     # Residual rows per request: two (ping-pong) for the token-level rule; for traversal one per
     # depth level plus a spare, and one stored draft row per level without replacement.
-    traversal = exact and inputs.sampled_method == "traversal"
+    traversal = exact and rule == RULE_CODES["traversal"]
     levels = width if traversal else 1
     rows_per = width + 1 if traversal else 2
     scratch = torch.empty((b * rows_per * v if exact else 1,), dtype=torch.float32,

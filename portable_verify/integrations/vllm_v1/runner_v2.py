@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from portable_verify import verify_rows
-from portable_verify.api.call import decide, lean_backend
+from portable_verify import lean_calls, verify_call, verify_rows
 from portable_verify.core import layout
 from portable_verify.core.layout import FlatLayout
 from portable_verify.core.types import DEFAULT_OPTIONS, VerifyCall, VerifyOptions
@@ -53,7 +52,7 @@ def verify_v2_step(
     sampled rows' rule and its parameters, as in the V1 seam.
     """
     k = num_speculative_steps
-    if lean_backend(backend, processed_logits.device.type, options.sampled_method) is not None:
+    if lean_calls(backend, processed_logits.device.type, options.sampled_method):
         # The kernels read the offsets, drafts (one row on), states and positions in place.
         b = cu_num_logits.shape[0] - 1
         call = VerifyCall(
@@ -63,7 +62,7 @@ def verify_v2_step(
             FlatLayout(cu_num_logits, "cu", b, k, bonus_rows=False, count_minus=1,
                        draft_shift=1, request_map=idx_mapping, temperature_marks=True,
                        offsets_at_first_row=True, emitted_dtype=torch.int32))
-        result = decide(call)
+        result = verify_call(call)
         return result.token_ids, result.num_emitted
     cu = cu_num_logits.to(torch.int64)
     first = cu[:-1]

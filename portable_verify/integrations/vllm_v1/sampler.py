@@ -25,8 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from portable_verify import verify_rows
-from portable_verify.api.call import decide, lean_backend
+from portable_verify import lean_calls, verify_call, verify_rows
 from portable_verify.core import layout
 from portable_verify.core.layout import FlatLayout
 from portable_verify.core.types import (
@@ -89,7 +88,7 @@ def verify_spec_decode_step(
         out[:, 0] = bonus_token_ids.reshape(-1).to(torch.int32)
         return out
     options = _greedy(options) if all_greedy else options
-    if lean_backend(backend, device.type, options.sampled_method) is not None:
+    if lean_calls(backend, device.type, options.sampled_method):
         return _lean_step(draft_token_ids, cu_num_draft_tokens, k, draft_probs, target_logits,
                           bonus_token_ids, sampling_metadata, num_draft_tokens, backend,
                           options, unseeded)
@@ -156,7 +155,7 @@ def _lean_step(drafts: torch.Tensor, cu: torch.Tensor, k: int, draft_probs: Any,
                       None if greedy_only else options.sampled_method, False, backend, False,
                       False, FlatLayout(cu, "cu_inclusive", b, k, bonus_rows=False,
                                         temperature_marks=True, tokens_dtype=torch.int32))
-    return decide(call).token_ids
+    return verify_call(call).token_ids
 
 
 @functools.lru_cache(maxsize=256)
