@@ -547,11 +547,13 @@ def _tree_kernel(
                 (tbase, target_stride, qbase, q_stride),
                 (w_ptr + b.to(tl.int64) * (W + 1) * V, qs_ptr + b.to(tl.int64) * W * V), urow,
                 tree, path, t_safe, scalars, IS_LOGITS, CHILDREN, STATS_BLOCK, BLOCK, NB)
-        else:
+        elif RULE == 0:
             a, final = _rejection_walk(
                 (tbase, target_stride, qbase, q_stride),
                 (w_ptr + b.to(tl.int64) * 2 * V, qs_ptr + b.to(tl.int64) * V), urow, tree, path,
                 t_safe, scalars, IS_LOGITS, CHILDREN, STATS_BLOCK, BLOCK, NB)
+        else:  # a declared rule without a walk here: flagged (-1), never run as another rule
+            a = a - 1
     final = tl.minimum(tl.maximum(final, 0), V - 1)
     cols = tl.arange(0, WB)
     tail = (cols >= a) & (cols < W)
