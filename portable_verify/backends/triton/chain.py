@@ -281,6 +281,25 @@ def _request_temperature(state, temp_ptr, temp_stride, t_scalar, TEMP: tl.conste
     return t
 
 
+@_device
+def _cut_drafts(source, b, n_caller, base, K, FLAT: tl.constexpr, DRAFT_SHIFT: tl.constexpr,
+                KB: tl.constexpr):
+    """``(drafts [KB], count)`` of request ``b``: the drafts the caller counts, and the count
+    cut at the first ``-1`` draft (``effective_counts``)."""
+    drafts_ptr, d_s0, d_s1, N, _sizes_ptr, _sizes_s = source
+    lanes = tl.arange(0, KB)
+    live = lanes < tl.minimum(tl.maximum(n_caller, 0), K)
+    if FLAT:
+        at = tl.minimum(tl.maximum(base + DRAFT_SHIFT + lanes, 0), N - 1)
+        d = tl.load(drafts_ptr + at * d_s1, mask=live & (lanes < tl.where(N > 0, K, 0)),
+                    other=0).to(tl.int64)
+    else:
+        d = tl.load(drafts_ptr + b * d_s0 + lanes * d_s1, mask=live, other=0).to(tl.int64)
+    first_bad = tl.min(tl.where(live & (d == INVALID_DRAFT), lanes, K), 0)
+    n_eff = tl.minimum(n_caller, first_bad.to(tl.int64))
+    return d, n_eff
+
+
 @_kernel
 def _layout_kernel(
     source, given, request, randomness, target, work, stats, scalars,
@@ -308,30 +327,18 @@ def _layout_kernel(
     NEED_SOFTMAX: tl.constexpr = STATS // 2 % 2 == 1
     NEED_ENTROPY: tl.constexpr = STATS // 4 % 2 == 1
     SPLIT: tl.constexpr = STATS // 8 % 2 == 1
-    drafts_ptr, d_s0, d_s1, N, sizes_ptr, sizes_s = source
+    _drafts_ptr, _d_s0, _d_s1, _N, sizes_ptr, sizes_s = source
     rows_ptr, rows_s0, rows_s1, qrows_ptr, qrows_s0, qrows_s1 = given
     map_ptr, temp_ptr, temp_s, t_scalar = request
-    u_ptr, u_s0, u_s1, seed_ptr, seed_s, seed_k1, seed_k2, off_ptr, off_s, off_scalar = randomness
-    target_ptr, target_stride = target
     w_drafts, w_rows, w_qrows, w_counts, w_caller, w_temps, w_u = work
-    argmax_ptr, max_ptr, sum_ptr, ent_ptr, part_ptr, part_idx_ptr, S, CHUNK = stats
     V, K, R, _RQ, _eps, _alpha = scalars
     K1 = K + 1
     b = tl.program_id(0)
     j = tl.program_id(1)
     sp = tl.program_id(2)  # the vocabulary slice [sp CHUNK, (sp + 1) CHUNK) of S
     n_caller, base = _span(b, sizes_ptr, sizes_s, K, SIZES, FLAT, COUNT_MINUS, SUM_BLOCK)
-    # The drafts the caller counts, and the cut at the first -1 (effective_counts).
+    d, n_eff = _cut_drafts(source, b, n_caller, base, K, FLAT, DRAFT_SHIFT, KB)
     lanes = tl.arange(0, KB)
-    live = lanes < tl.minimum(tl.maximum(n_caller, 0), K)
-    if FLAT:
-        at = tl.minimum(tl.maximum(base + DRAFT_SHIFT + lanes, 0), N - 1)
-        d = tl.load(drafts_ptr + at * d_s1, mask=live & (lanes < tl.where(N > 0, K, 0)),
-                    other=0).to(tl.int64)
-    else:
-        d = tl.load(drafts_ptr + b * d_s0 + lanes * d_s1, mask=live, other=0).to(tl.int64)
-    first_bad = tl.min(tl.where(live & (d == INVALID_DRAFT), lanes, K), 0)
-    n_eff = tl.minimum(n_caller, first_bad.to(tl.int64))
     n = tl.minimum(tl.maximum(n_eff, 0), K)
     if REQ_MAP:  # noqa: SIM108 - kernel code: constexpr branches
         state = tl.load(map_ptr + b).to(tl.int64)
@@ -360,8 +367,21 @@ def _layout_kernel(
         else:
             qrow = base + j
         tl.store(w_qrows + b * K + j, qrow)
+    _store_uniform(randomness, w_u, b, j, K, state, base, R, first, U_SRC, OFFSETS)
+    if NEED_ARGMAX or NEED_SOFTMAX or NEED_ENTROPY:  # noqa: SIM102 - constexpr test
+        if j <= n:
+            _store_row_stats(target, stats, b * K1 + j, row, R, V, sp, _safe_temperature(t),
+                             NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, SPLIT, BLOCK)
+
+
+@_device
+def _store_uniform(randomness, w_u, b, j, K, state, base, R, first, U_SRC: tl.constexpr,
+                   OFFSETS: tl.constexpr):
+    """Column ``j``'s uniform of request ``b`` into the work record (first slice only): the
+    caller's, or the counter hash of the request's seed and offset (``spec.U_CODES``)."""
+    u_ptr, u_s0, u_s1, seed_ptr, seed_s, seed_k1, seed_k2, off_ptr, off_s, off_scalar = randomness
     if U_SRC == 1:  # the caller's uniforms
-        tl.store(w_u + b * K1 + j, tl.load(u_ptr + b * u_s0 + j * u_s1).to(tl.float32),
+        tl.store(w_u + b * (K + 1) + j, tl.load(u_ptr + b * u_s0 + j * u_s1).to(tl.float32),
                  mask=first)
     elif U_SRC >= 2:  # the counter hash of the request's seed and offset
         if U_SRC == 2:
@@ -375,32 +395,40 @@ def _layout_kernel(
             off = tl.load(off_ptr + b * off_s).to(tl.int64)
         else:  # at the request's first row (vLLM's Model Runner V2: the position there)
             off = tl.load(off_ptr + tl.minimum(tl.maximum(base, 0), R - 1) * off_s).to(tl.int64)
-        tl.store(w_u + b * K1 + j, _hash_uniform(_request_key(seed, off), j, K), mask=first)
-    if NEED_ARGMAX or NEED_SOFTMAX or NEED_ENTROPY:  # noqa: SIM102 - constexpr test
-        if j <= n:
-            row_base = target_ptr + tl.minimum(tl.maximum(row, 0), R - 1) * target_stride
-            out = b * K1 + j
-            if SPLIT:  # this slice's partial state; decide merges the S of them
-                lo = sp * CHUNK
-                best, best_idx, m, s, w = _row_stats_range(
-                    row_base, _safe_temperature(t), lo, tl.minimum(lo + CHUNK, V),
-                    NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
-                slot = (out * S + sp) * 4
-                tl.store(part_ptr + slot, best)
-                tl.store(part_ptr + slot + 1, m)
-                tl.store(part_ptr + slot + 2, s)
-                tl.store(part_ptr + slot + 3, w)
-                tl.store(part_idx_ptr + out * S + sp, best_idx)
-            else:
-                best_idx, m, s, ent = _row_stats(row_base, _safe_temperature(t), V,
-                                                 NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
-                if NEED_ARGMAX:
-                    tl.store(argmax_ptr + out, best_idx)
-                if NEED_SOFTMAX:
-                    tl.store(max_ptr + out, m)
-                    tl.store(sum_ptr + out, s)
-                if NEED_ENTROPY:
-                    tl.store(ent_ptr + out, ent)
+        u = _hash_uniform(_request_key(seed, off), j, K)
+        tl.store(w_u + b * (K + 1) + j, u, mask=first)
+
+
+@_device
+def _store_row_stats(target, stats, out, row, R, V, sp, t_safe, NEED_ARGMAX: tl.constexpr,
+                     NEED_SOFTMAX: tl.constexpr, NEED_ENTROPY: tl.constexpr,
+                     SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """Row statistics of work row ``out`` (target row ``row``): this slice's partial state
+    (``SPLIT``: decide merges the ``S`` of them) or the whole row's (``_row_stats``)."""
+    target_ptr, target_stride = target
+    argmax_ptr, max_ptr, sum_ptr, ent_ptr, part_ptr, part_idx_ptr, S, CHUNK = stats
+    row_base = target_ptr + tl.minimum(tl.maximum(row, 0), R - 1) * target_stride
+    if SPLIT:  # this slice's partial state; decide merges the S of them
+        lo = sp * CHUNK
+        best, best_idx, m, s, w = _row_stats_range(
+            row_base, t_safe, lo, tl.minimum(lo + CHUNK, V),
+            NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
+        slot = (out * S + sp) * 4
+        tl.store(part_ptr + slot, best)
+        tl.store(part_ptr + slot + 1, m)
+        tl.store(part_ptr + slot + 2, s)
+        tl.store(part_ptr + slot + 3, w)
+        tl.store(part_idx_ptr + out * S + sp, best_idx)
+    else:
+        best_idx, m, s, ent = _row_stats(row_base, t_safe, V,
+                                         NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
+        if NEED_ARGMAX:
+            tl.store(argmax_ptr + out, best_idx)
+        if NEED_SOFTMAX:
+            tl.store(max_ptr + out, m)
+            tl.store(sum_ptr + out, s)
+        if NEED_ENTROPY:
+            tl.store(ent_ptr + out, ent)
 
 
 @_device
@@ -645,6 +673,65 @@ def _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale
     return final
 
 
+@_device
+def _sampled_tests(target, draft, request, stats, scalars, b, x, sampled, t_safe,
+                   IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, HAS_U: tl.constexpr,
+                   TYPICAL: tl.constexpr, KB: tl.constexpr):
+    """``(ok, p(x), q(x), u)`` of the sampled draft lanes: typical's bar, or the token-wise
+    rejection test ``u q(x) <= p(x)`` (``q(x) = 1`` without draft rows)."""
+    target_ptr, target_stride, rows_ptr = target
+    _drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
+    _counts_ptr, _temp_ptr, u_ptr = request
+    _argmax_ptr, max_ptr, sum_ptr, ent_ptr, _part, _part_idx, _S, _CHUNK = stats
+    _V, K, R, RQ, eps, alpha = scalars
+    K1 = K + 1
+    lanes = tl.arange(0, KB)
+    stat = b * K1 + lanes
+    qx = 1.0
+    u = 1.0
+    row = _clamped(tl.load(rows_ptr + b * K1 + lanes, mask=sampled, other=0), R)
+    px = _target_prob_at(target_ptr + row * target_stride + x, max_ptr + stat, sum_ptr + stat,
+                         sampled, t_safe, IS_LOGITS)
+    if TYPICAL:
+        h = tl.load(ent_ptr + stat, mask=sampled, other=0.0)
+        ok_s = px > _typical_threshold(h, eps, alpha)
+    else:
+        if HAS_U:  # noqa: SIM108
+            u = tl.load(u_ptr + b * K1 + lanes, mask=sampled, other=1.0)
+        else:
+            u = 1.0
+        if HAS_Q:
+            qrow = _clamped(tl.load(qrows_ptr + b * K + lanes, mask=sampled, other=0), RQ)
+            qx = tl.load(q_ptr + qrow * q_stride + x, mask=sampled, other=0.0).to(tl.float32)
+        else:
+            qx = 1.0
+        ok_s = (px > 0) & (u * qx <= px)
+    return ok_s, px, qx, u
+
+
+@_device
+def _write_outputs(out, bonus, drafts_ptr, b, a, final, V, K, HAS_BONUS: tl.constexpr,
+                   RULE: tl.constexpr, KB: tl.constexpr):
+    """Request ``b``'s ``[K+1]`` token row (accepted drafts, then ``final`` or the caller's
+    bonus token, then placeholders) and its counters."""
+    tokens_ptr, accepted_ptr, emitted_ptr = out
+    bonus_ptr, bonus_stride, caller_ptr = bonus
+    K1 = K + 1
+    lanes = tl.arange(0, KB)
+    final = tl.minimum(tl.maximum(final, 0), V - 1).to(tl.int64)
+    if HAS_BONUS:  # the caller's bonus token where every draft it counted was accepted
+        all_in = a.to(tl.int64) == tl.load(caller_ptr + b)
+        final = tl.where(all_in, tl.load(bonus_ptr + b * bonus_stride).to(tl.int64), final)
+    d = _clamped(tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0), V)
+    tok = tl.where(lanes < a, d, tl.where(lanes == a, final, PLACEHOLDER))
+    if RULE >= RULE_COUNT:  # an unknown rule: flagged, never decided as another
+        tok = tl.where(lanes < 0, tok, PLACEHOLDER)
+        a = a * 0 - 1
+    tl.store(tokens_ptr + b * K1 + lanes, tok, mask=lanes < K1)
+    tl.store(accepted_ptr + b, a)
+    tl.store(emitted_ptr + b, a + 1)
+
+
 @_kernel
 def _decide_kernel(
     target, draft, request, stats, out, bonus, scalars,
@@ -664,13 +751,10 @@ def _decide_kernel(
     SPLIT: tl.constexpr = FLAGS // 32 % 2 == 1
     TYPICAL: tl.constexpr = RULE == RULE_TYPICAL
     BLOCK_VERIFY: tl.constexpr = RULE == RULE_BLOCK
-    target_ptr, target_stride, rows_ptr = target
-    drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
-    counts_ptr, temp_ptr, u_ptr = request
-    argmax_ptr, max_ptr, sum_ptr, ent_ptr, _part, _part_idx, _S, _CHUNK = stats
-    tokens_ptr, accepted_ptr, emitted_ptr = out
-    bonus_ptr, bonus_stride, caller_ptr = bonus
-    V, K, R, RQ, eps, alpha = scalars
+    drafts_ptr, _q_ptr, _q_stride, _qrows_ptr = draft
+    counts_ptr, temp_ptr, _u_ptr = request
+    argmax_ptr, _max, _sum, _ent, _part, _part_idx, _S, _CHUNK = stats
+    V, K, _R, _RQ, _eps, _alpha = scalars
     b = tl.program_id(0)
     K1 = K + 1
     n = _clamped(tl.load(counts_ptr + b), K1)  # so num_accepted <= K whatever the caller sent
@@ -701,23 +785,8 @@ def _decide_kernel(
         ok_g = x == g
     else:
         ok_g = x != x  # all False
-    row = _clamped(tl.load(rows_ptr + b * K1 + lanes, mask=sampled, other=0), R)
-    px = _target_prob_at(target_ptr + row * target_stride + x, max_ptr + stat, sum_ptr + stat,
-                         sampled, t_safe, IS_LOGITS)
-    if TYPICAL:
-        h = tl.load(ent_ptr + stat, mask=sampled, other=0.0)
-        ok_s = px > _typical_threshold(h, eps, alpha)
-    else:
-        if HAS_U:  # noqa: SIM108
-            u = tl.load(u_ptr + b * K1 + lanes, mask=sampled, other=1.0)
-        else:
-            u = 1.0
-        if HAS_Q:
-            qrow = _clamped(tl.load(qrows_ptr + b * K + lanes, mask=sampled, other=0), RQ)
-            qx = tl.load(q_ptr + qrow * q_stride + x, mask=sampled, other=0.0).to(tl.float32)
-        else:
-            qx = 1.0
-        ok_s = (px > 0) & (u * qx <= px)
+    ok_s, px, qx, u = _sampled_tests(target, draft, request, stats, scalars, b, x, sampled,
+                                     t_safe, IS_LOGITS, HAS_Q, HAS_U, TYPICAL, KB)
     ok = ((greedy_draft & ok_g) | (sampled & ok_s)) & in_vocab
     a = tl.min(tl.where(ok, KB, lanes), 0).to(n.dtype)  # lanes >= n are never ok, so a <= n
     scale = tl.sum(tl.zeros([BLOCK], tl.float32), 0) + 1.0  # P_{a-1}: 1 outside block
@@ -736,18 +805,7 @@ def _decide_kernel(
         final = _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale,
                                t_safe, IS_LOGITS, HAS_Q, TYPICAL, BLOCK).to(final.dtype)
 
-    final = tl.minimum(tl.maximum(final, 0), V - 1).to(tl.int64)
-    if HAS_BONUS:  # the caller's bonus token where every draft it counted was accepted
-        all_in = a.to(tl.int64) == tl.load(caller_ptr + b)
-        final = tl.where(all_in, tl.load(bonus_ptr + b * bonus_stride).to(tl.int64), final)
-    d = _clamped(tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0), V)
-    tok = tl.where(lanes < a, d, tl.where(lanes == a, final, PLACEHOLDER))
-    if RULE >= RULE_COUNT:  # an unknown rule: flagged, never decided as another
-        tok = tl.where(lanes < 0, tok, PLACEHOLDER)
-        a = a * 0 - 1
-    tl.store(tokens_ptr + b * K1 + lanes, tok, mask=lanes < K1)
-    tl.store(accepted_ptr + b, a)
-    tl.store(emitted_ptr + b, a + 1)
+    _write_outputs(out, bonus, drafts_ptr, b, a, final, V, K, HAS_BONUS, RULE, KB)
 
 
 KERNELS_INTERPRETED: bool = not isinstance(_decide_kernel, triton.runtime.jit.JITFunction)
@@ -815,14 +873,47 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
     scalars = (v, k, target.shape[0], rq, eps, alpha)
     kb = max(2, triton.next_power_of_2(k1))
 
-    def ptr(x: torch.Tensor | None) -> torch.Tensor:  # an absent or empty tensor: never read
-        return i64 if x is None or x.numel() == 0 else x
+    work = (w_drafts, w_rows, w_qrows, counts, w_caller, temps, w_u)
+    _launch_layout(mod, call, target, i64, work, stats, scalars,
+                   (has_greedy, need_softmax, typical), kb, interpreted)
+    bonus = call.bonus
+    mod._decide_kernel[(b,)](
+        (target, target.stride(0), w_rows),
+        (w_drafts, target if q is None else q, 0 if q is None else q.stride(0), w_qrows),
+        (counts, temps, w_u), stats, (tokens, accepted, emitted),
+        (_ptr(bonus, i64), _stride(bonus), w_caller), scalars,
+        FLAGS=spec.pack(spec.DECIDE_BITS, IS_LOGITS=call.is_logits, HAS_Q=q is not None,
+                        HAS_U=not call.all_greedy, HAS_GREEDY=has_greedy,
+                        HAS_BONUS=bonus is not None, SPLIT=splits > 1),
+        RULE=rule, BLOCK=_block(v, 1024 if interpreted else 2048), KB=kb,
+        **({} if interpreted else {"num_warps": 4, **_COMPILE_OPTIONS}),
+    )  # fmt: skip
+    return tokens, accepted, emitted, counts
 
-    def stride(x: Any, dim: int = 0) -> int:
-        return x.stride(dim) if isinstance(x, torch.Tensor) and x.dim() > dim else 0
 
+def _ptr(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
+    """``x``, or ``stand_in`` for an absent or empty tensor (never read)."""
+    return stand_in if x is None or x.numel() == 0 else x
+
+
+def _stride(x: Any, dim: int = 0) -> int:
+    return x.stride(dim) if isinstance(x, torch.Tensor) and x.dim() > dim else 0
+
+
+def _launch_layout(mod: Any, call: spec.ChainSpec, target: torch.Tensor, i64: torch.Tensor,
+                   work: tuple, stats: tuple, scalars: tuple, needs: tuple[bool, bool, bool],
+                   kb: int, interpreted: bool) -> None:
+    """The first launch, ``_layout_kernel`` (grid ``(B, K+1, S)``): the work record and the
+    target rows' statistics (``i64`` stands in for every absent tensor: never read)."""
+    def ptr(x: torch.Tensor | None) -> torch.Tensor:
+        return _ptr(x, i64)
+
+    splits = stats[6]
+    v = scalars[0]
+    has_greedy, need_softmax, typical = needs
+    stats_block = _block(v, 1024 if interpreted else 2048)
     drafts = call.drafts
-    d_s0, d_s1 = (0, stride(drafts)) if call.flat else (stride(drafts), stride(drafts, 1))
+    d_s0, d_s1 = (0, _stride(drafts)) if call.flat else (_stride(drafts), _stride(drafts, 1))
     u_kind = call.u_kind
     seeds = call.seeds
     k_words = spec.row_seed_words(seeds) if u_kind == "seed_int" else (0, 0)
@@ -830,16 +921,16 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
     off_t = call.offsets if isinstance(call.offsets, torch.Tensor) else None
     temp_t = call.temperature if isinstance(call.temperature, torch.Tensor) else None
     rows, qrows, u = call.rows, call.q_rows, call.uniforms
-    mod._layout_kernel[(b, k1, splits)](
-        (ptr(drafts), d_s0, d_s1, drafts.shape[0] if call.flat else b, ptr(call.sizes),
-         stride(call.sizes)),
-        (ptr(rows), stride(rows), stride(rows, 1), ptr(qrows), stride(qrows), stride(qrows, 1)),
-        (ptr(call.request_map), ptr(temp_t), stride(temp_t),
+    mod._layout_kernel[(call.b, call.k + 1, splits)](
+        (ptr(drafts), d_s0, d_s1, drafts.shape[0] if call.flat else call.b, ptr(call.sizes),
+         _stride(call.sizes)),
+        (ptr(rows), _stride(rows), _stride(rows, 1), ptr(qrows), _stride(qrows), _stride(qrows, 1)),
+        (ptr(call.request_map), ptr(temp_t), _stride(temp_t),
          call.temperature if temp_t is None else 0.0),
-        (ptr(u), stride(u), stride(u, 1), ptr(seed_t), stride(seed_t), k_words[0], k_words[1],
-         ptr(off_t), stride(off_t), call.offsets if off_t is None else 0),
+        (ptr(u), _stride(u), _stride(u, 1), ptr(seed_t), _stride(seed_t), k_words[0], k_words[1],
+         ptr(off_t), _stride(off_t), call.offsets if off_t is None else 0),
         (target, target.stride(0)),
-        (w_drafts, w_rows, w_qrows, counts, w_caller, temps, w_u), stats, scalars,
+        work, stats, scalars,
         LAYOUT=spec.pack(spec.LAYOUT_BITS, SIZES=spec.SIZE_CODES[call.sizes_kind],
                          FLAT=call.flat, COUNT_MINUS=call.count_minus,
                          DRAFT_SHIFT=call.draft_shift, BONUS_ROWS=call.bonus_rows,
@@ -854,19 +945,6 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
         SUM_BLOCK=256,
         **({} if interpreted else {"num_warps": 8, **_COMPILE_OPTIONS}),
     )  # fmt: skip
-    bonus = call.bonus
-    mod._decide_kernel[(b,)](
-        (target, target.stride(0), w_rows),
-        (w_drafts, target if q is None else q, 0 if q is None else q.stride(0), w_qrows),
-        (counts, temps, w_u), stats, (tokens, accepted, emitted),
-        (ptr(bonus), stride(bonus), w_caller), scalars,
-        FLAGS=spec.pack(spec.DECIDE_BITS, IS_LOGITS=call.is_logits, HAS_Q=q is not None,
-                        HAS_U=not call.all_greedy, HAS_GREEDY=has_greedy,
-                        HAS_BONUS=bonus is not None, SPLIT=splits > 1),
-        RULE=rule, BLOCK=_block(v, 1024 if interpreted else 2048), KB=kb,
-        **({} if interpreted else {"num_warps": 4, **_COMPILE_OPTIONS}),
-    )  # fmt: skip
-    return tokens, accepted, emitted, counts
 
 
 TARGET_PROGRAMS = 256
