@@ -279,7 +279,8 @@ _GROUP_TYPES = {  # each grouped argument's element types, as chain.launch passe
     ("_layout_kernel", "request"): ("*i64", "*fp64", "i32", "fp32"),
     "randomness": ("*fp32", "i32", "i32", "*i64", "i32", "i64", "i64", "*i64", "i32", "i64"),
     ("_layout_kernel", "target"): ("*{dtype}", "i32"),
-    "work": ("*i64", "*i64", "*i64", "*i64", "*i64", "*fp32", "*fp32"),
+    "work": ("*i64", "*i64", "*i64", "*i64", "*i64", "*fp32", "*fp32", "*i32"),
+    "draw": ("*fp64", "*i32", "*i32", "i32"),
 }
 
 
@@ -312,7 +313,8 @@ def _flags(**kw):  # type: ignore[no-untyped-def]
     from portable_verify.backends.triton import spec
 
     return spec.pack(spec.DECIDE_BITS, **{"IS_LOGITS": 1, "HAS_Q": 0, "HAS_U": 1,
-                                          "HAS_GREEDY": 1, "HAS_BONUS": 0, "SPLIT": 0, **kw})
+                                          "HAS_GREEDY": 1, "HAS_BONUS": 0, "SPLIT": 0,
+                                          "SPLIT_DRAW": 0, **kw})
 
 
 _COMPILE_CASES = [
@@ -333,15 +335,17 @@ _COMPILE_CASES = [
      dict(LAYOUT=_layout(SIZES=2, FLAT=1), SOURCES=_sources(TEMP=1, U_SRC=2), STATS=15,
           BLOCK=2048, KB=8, SUM_BLOCK=256)),
     ("cuda", 90, 32, "_decide_kernel", "fp32",
-     dict(FLAGS=_flags(HAS_Q=1, HAS_BONUS=1), RULE=0, BLOCK=2048, KB=8)),
+     dict(FLAGS=_flags(HAS_Q=1, HAS_BONUS=1), RULE=0, BLOCK=2048, KB=8, DB=2)),
     ("cuda", 90, 32, "_decide_kernel", "bf16",
-     dict(FLAGS=_flags(SPLIT=1), RULE=1, BLOCK=2048, KB=8)),
+     dict(FLAGS=_flags(HAS_Q=1, SPLIT=1, SPLIT_DRAW=1), RULE=0, BLOCK=2048, KB=8, DB=64)),
+    ("cuda", 90, 32, "_decide_kernel", "bf16",
+     dict(FLAGS=_flags(SPLIT=1), RULE=1, BLOCK=2048, KB=8, DB=2)),
     ("cuda", 80, 32, "_decide_kernel", "fp16",
-     dict(FLAGS=_flags(IS_LOGITS=0), RULE=1, BLOCK=2048, KB=2)),
+     dict(FLAGS=_flags(IS_LOGITS=0), RULE=1, BLOCK=2048, KB=2, DB=2)),
     ("cuda", 90, 32, "_decide_kernel", "bf16",
-     dict(FLAGS=_flags(HAS_GREEDY=0), RULE=2, BLOCK=2048, KB=8)),
+     dict(FLAGS=_flags(HAS_GREEDY=0), RULE=2, BLOCK=2048, KB=8, DB=2)),
     ("hip", "gfx942", 64, "_decide_kernel", "fp32",
-     dict(FLAGS=_flags(HAS_U=0), RULE=0, BLOCK=2048, KB=4)),
+     dict(FLAGS=_flags(HAS_U=0), RULE=0, BLOCK=2048, KB=4, DB=2)),
 ]
 
 

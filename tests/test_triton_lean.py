@@ -306,3 +306,38 @@ def test_a_split_vocabulary_decides_as_one_program_per_row(method: str, monkeypa
     assert torch.equal(split.token_ids, whole.token_ids)
     assert torch.equal(split.token_ids,
                        pv.verify(**{**kw, "backend": "numpy"}).token_ids)
+
+
+def test_the_split_draw_decides_as_the_reference() -> None:
+    """Rejection's residual/bonus draw split among programs (one block each, the last program
+    continues) gives the reference's tokens: picks in the first and the last block (extreme
+    uniforms), an empty residual (``q = p``: the draw falls back to ``p``), one-hot and given
+    ``q``, probabilities in, a greedy row, a NaN row; the launch really is split."""
+    from portable_verify.testing.launches import count_launches
+
+    g = torch.Generator().manual_seed(12)
+    b, k, v = 6, 3, 3100  # 4 blocks of the interpreter's 1024
+    logits = torch.randn(b, k + 1, v, generator=g) * 3
+    logits[2, :, :2500] = float("-inf")  # the mass lies in the last blocks
+    logits[4, 1] = float("nan")
+    q = torch.softmax(torch.randn(b, k, v, generator=g) * 3, -1)
+    q[3] = torch.softmax(logits[3, :k] / 0.8, -1)  # residual empty (up to rounding)
+    drafts = torch.randint(0, v, (b, k), generator=g)
+    u = torch.rand(b, k + 1, generator=g).clamp(min=2**-24)
+    u[0, k], u[1, k], u[1, :k] = 1.0, 2**-24, 1.0
+    temps = torch.tensor([0.8, 1.0, 0.5, 0.8, 1.3, 0.0])
+    for form in ("logits", "logits+q", "probs+q"):
+        kw = dict(draft_token_ids=drafts, temperature=temps, uniforms=u, method="rejection")
+        if form.startswith("probs"):
+            kw["target_probs"] = torch.softmax(logits / 0.9, -1).nan_to_num(0.0)
+            kw.pop("temperature")
+        else:
+            kw["target_logits"] = logits
+        if form.endswith("+q"):
+            kw["draft_probs"] = q
+        want = pv.verify(**kw, backend="numpy", validate=False)
+        with count_launches(refuse_reads=False) as counter:
+            got = pv.verify(**kw, backend=BACKEND, validate=False)
+        assert torch.equal(got.token_ids, want.token_ids), form
+        assert torch.equal(got.num_accepted, want.num_accepted), form
+        assert counter.kernels[-1].grid == (b, 4), counter.kernels[-1].grid

@@ -2,16 +2,17 @@
 
 Design (docs/backends.md, "CUDA, XPU and Triton"): at most two launches per call, no host sync.
 
-1. ``_row_stats_kernel``, grid ``(B, K+1)``: one program per (request, position) reads its target
-   row once, in ``BLOCK``-sized chunks, and keeps what the decision needs: the first argmax (for
-   greedy rows), the online max and sum of ``exp(z - max)`` (logits), the entropy (typical).
-   Positions past a request's ``n`` exit at once. Skipped entirely when nothing needs it
-   (probabilities in, no greedy row, rejection).
-2. ``_decide_kernel``, grid ``(B,)``: one program per request tests its ``n`` positions at once
-   (gathers of ``p(x)``, ``q(x)``, uniforms), takes the accepted prefix ``a``, then reads the ONE
-   row it needs: the argmax of ``p_a`` (typical rejection), or the residual/target row for the
-   inverse-CDF draw (two chunked passes: the total, then a scan that stops at the pick). It
-   writes the ``[K+1]`` output row (-1 padded) and ``a``.
+1. ``_layout_kernel``, grid ``(B, K+1, S)``: program ``(b, j, s)`` reads what the caller
+   passed for position ``j`` of request ``b`` into a work record and keeps the statistics of
+   slice ``s`` of its target row (first argmax, online softmax, entropy), each only when
+   asked; small batches split the vocabulary into ``S`` slices (``vocabulary_split``).
+2. ``_decide_kernel``, grid ``(B, D)``: each program merges its request's slice statistics,
+   tests its ``n`` positions at once (gathers of ``p(x)``, ``q(x)``, uniforms) and takes the
+   accepted prefix ``a``. Rejection's inverse-CDF draw is split: program ``d`` stores block
+   ``d``'s partials and the last program of the request to arrive (an atomic counter) draws
+   from them (``_split_draw``). Typical and block keep ``D = 1``: one program reads the ONE row
+   it needs (argmax of ``p_a``, or the two chunked passes of ``_final_draw``). The writer
+   stores the ``[K+1]`` output row (-1 padded) and ``a``.
 
 Everything is decided on the device from tensors; the launcher only reads shapes and host flags,
 so a call can be captured in a CUDA graph (after one warm-up call has compiled the kernels).
@@ -281,6 +282,25 @@ def _request_temperature(state, temp_ptr, temp_stride, t_scalar, TEMP: tl.conste
     return t
 
 
+@_device
+def _cut_drafts(source, b, n_caller, base, K, FLAT: tl.constexpr, DRAFT_SHIFT: tl.constexpr,
+                KB: tl.constexpr):
+    """``(drafts [KB], count)`` of request ``b``: the drafts the caller counts, and the count
+    cut at the first ``-1`` draft (``effective_counts``)."""
+    drafts_ptr, d_s0, d_s1, N, _sizes_ptr, _sizes_s = source
+    lanes = tl.arange(0, KB)
+    live = lanes < tl.minimum(tl.maximum(n_caller, 0), K)
+    if FLAT:
+        at = tl.minimum(tl.maximum(base + DRAFT_SHIFT + lanes, 0), N - 1)
+        d = tl.load(drafts_ptr + at * d_s1, mask=live & (lanes < tl.where(N > 0, K, 0)),
+                    other=0).to(tl.int64)
+    else:
+        d = tl.load(drafts_ptr + b * d_s0 + lanes * d_s1, mask=live, other=0).to(tl.int64)
+    first_bad = tl.min(tl.where(live & (d == INVALID_DRAFT), lanes, K), 0)
+    n_eff = tl.minimum(n_caller, first_bad.to(tl.int64))
+    return d, n_eff
+
+
 @_kernel
 def _layout_kernel(
     source, given, request, randomness, target, work, stats, scalars,
@@ -308,30 +328,18 @@ def _layout_kernel(
     NEED_SOFTMAX: tl.constexpr = STATS // 2 % 2 == 1
     NEED_ENTROPY: tl.constexpr = STATS // 4 % 2 == 1
     SPLIT: tl.constexpr = STATS // 8 % 2 == 1
-    drafts_ptr, d_s0, d_s1, N, sizes_ptr, sizes_s = source
+    _drafts_ptr, _d_s0, _d_s1, _N, sizes_ptr, sizes_s = source
     rows_ptr, rows_s0, rows_s1, qrows_ptr, qrows_s0, qrows_s1 = given
     map_ptr, temp_ptr, temp_s, t_scalar = request
-    u_ptr, u_s0, u_s1, seed_ptr, seed_s, seed_k1, seed_k2, off_ptr, off_s, off_scalar = randomness
-    target_ptr, target_stride = target
-    w_drafts, w_rows, w_qrows, w_counts, w_caller, w_temps, w_u = work
-    argmax_ptr, max_ptr, sum_ptr, ent_ptr, part_ptr, part_idx_ptr, S, CHUNK = stats
+    w_drafts, w_rows, w_qrows, w_counts, w_caller, w_temps, w_u, w_ctr = work
     V, K, R, _RQ, _eps, _alpha = scalars
     K1 = K + 1
     b = tl.program_id(0)
     j = tl.program_id(1)
     sp = tl.program_id(2)  # the vocabulary slice [sp CHUNK, (sp + 1) CHUNK) of S
     n_caller, base = _span(b, sizes_ptr, sizes_s, K, SIZES, FLAT, COUNT_MINUS, SUM_BLOCK)
-    # The drafts the caller counts, and the cut at the first -1 (effective_counts).
+    d, n_eff = _cut_drafts(source, b, n_caller, base, K, FLAT, DRAFT_SHIFT, KB)
     lanes = tl.arange(0, KB)
-    live = lanes < tl.minimum(tl.maximum(n_caller, 0), K)
-    if FLAT:
-        at = tl.minimum(tl.maximum(base + DRAFT_SHIFT + lanes, 0), N - 1)
-        d = tl.load(drafts_ptr + at * d_s1, mask=live & (lanes < tl.where(N > 0, K, 0)),
-                    other=0).to(tl.int64)
-    else:
-        d = tl.load(drafts_ptr + b * d_s0 + lanes * d_s1, mask=live, other=0).to(tl.int64)
-    first_bad = tl.min(tl.where(live & (d == INVALID_DRAFT), lanes, K), 0)
-    n_eff = tl.minimum(n_caller, first_bad.to(tl.int64))
     n = tl.minimum(tl.maximum(n_eff, 0), K)
     if REQ_MAP:  # noqa: SIM108 - kernel code: constexpr branches
         state = tl.load(map_ptr + b).to(tl.int64)
@@ -343,6 +351,7 @@ def _layout_kernel(
         tl.store(w_counts + b, n_eff)
         tl.store(w_caller + b, n_caller)
         tl.store(w_temps + b, t)
+        tl.store(w_ctr + b, 0)  # the decision's split-draw counter (_split_draw)
     # Position j's target row: the caller's map, or first row + min(j, n).
     if ROWS_GIVEN:
         row = tl.load(rows_ptr + b * rows_s0 + j * rows_s1).to(tl.int64)
@@ -360,8 +369,21 @@ def _layout_kernel(
         else:
             qrow = base + j
         tl.store(w_qrows + b * K + j, qrow)
+    _store_uniform(randomness, w_u, b, j, K, state, base, R, first, U_SRC, OFFSETS)
+    if NEED_ARGMAX or NEED_SOFTMAX or NEED_ENTROPY:  # noqa: SIM102 - constexpr test
+        if j <= n:
+            _store_row_stats(target, stats, b * K1 + j, row, R, V, sp, _safe_temperature(t),
+                             NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, SPLIT, BLOCK)
+
+
+@_device
+def _store_uniform(randomness, w_u, b, j, K, state, base, R, first, U_SRC: tl.constexpr,
+                   OFFSETS: tl.constexpr):
+    """Column ``j``'s uniform of request ``b`` into the work record (first slice only): the
+    caller's, or the counter hash of the request's seed and offset (``spec.U_CODES``)."""
+    u_ptr, u_s0, u_s1, seed_ptr, seed_s, seed_k1, seed_k2, off_ptr, off_s, off_scalar = randomness
     if U_SRC == 1:  # the caller's uniforms
-        tl.store(w_u + b * K1 + j, tl.load(u_ptr + b * u_s0 + j * u_s1).to(tl.float32),
+        tl.store(w_u + b * (K + 1) + j, tl.load(u_ptr + b * u_s0 + j * u_s1).to(tl.float32),
                  mask=first)
     elif U_SRC >= 2:  # the counter hash of the request's seed and offset
         if U_SRC == 2:
@@ -375,32 +397,40 @@ def _layout_kernel(
             off = tl.load(off_ptr + b * off_s).to(tl.int64)
         else:  # at the request's first row (vLLM's Model Runner V2: the position there)
             off = tl.load(off_ptr + tl.minimum(tl.maximum(base, 0), R - 1) * off_s).to(tl.int64)
-        tl.store(w_u + b * K1 + j, _hash_uniform(_request_key(seed, off), j, K), mask=first)
-    if NEED_ARGMAX or NEED_SOFTMAX or NEED_ENTROPY:  # noqa: SIM102 - constexpr test
-        if j <= n:
-            row_base = target_ptr + tl.minimum(tl.maximum(row, 0), R - 1) * target_stride
-            out = b * K1 + j
-            if SPLIT:  # this slice's partial state; decide merges the S of them
-                lo = sp * CHUNK
-                best, best_idx, m, s, w = _row_stats_range(
-                    row_base, _safe_temperature(t), lo, tl.minimum(lo + CHUNK, V),
-                    NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
-                slot = (out * S + sp) * 4
-                tl.store(part_ptr + slot, best)
-                tl.store(part_ptr + slot + 1, m)
-                tl.store(part_ptr + slot + 2, s)
-                tl.store(part_ptr + slot + 3, w)
-                tl.store(part_idx_ptr + out * S + sp, best_idx)
-            else:
-                best_idx, m, s, ent = _row_stats(row_base, _safe_temperature(t), V,
-                                                 NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
-                if NEED_ARGMAX:
-                    tl.store(argmax_ptr + out, best_idx)
-                if NEED_SOFTMAX:
-                    tl.store(max_ptr + out, m)
-                    tl.store(sum_ptr + out, s)
-                if NEED_ENTROPY:
-                    tl.store(ent_ptr + out, ent)
+        u = _hash_uniform(_request_key(seed, off), j, K)
+        tl.store(w_u + b * (K + 1) + j, u, mask=first)
+
+
+@_device
+def _store_row_stats(target, stats, out, row, R, V, sp, t_safe, NEED_ARGMAX: tl.constexpr,
+                     NEED_SOFTMAX: tl.constexpr, NEED_ENTROPY: tl.constexpr,
+                     SPLIT: tl.constexpr, BLOCK: tl.constexpr):
+    """Row statistics of work row ``out`` (target row ``row``): this slice's partial state
+    (``SPLIT``: decide merges the ``S`` of them) or the whole row's (``_row_stats``)."""
+    target_ptr, target_stride = target
+    argmax_ptr, max_ptr, sum_ptr, ent_ptr, part_ptr, part_idx_ptr, S, CHUNK = stats
+    row_base = target_ptr + tl.minimum(tl.maximum(row, 0), R - 1) * target_stride
+    if SPLIT:  # this slice's partial state; decide merges the S of them
+        lo = sp * CHUNK
+        best, best_idx, m, s, w = _row_stats_range(
+            row_base, t_safe, lo, tl.minimum(lo + CHUNK, V),
+            NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
+        slot = (out * S + sp) * 4
+        tl.store(part_ptr + slot, best)
+        tl.store(part_ptr + slot + 1, m)
+        tl.store(part_ptr + slot + 2, s)
+        tl.store(part_ptr + slot + 3, w)
+        tl.store(part_idx_ptr + out * S + sp, best_idx)
+    else:
+        best_idx, m, s, ent = _row_stats(row_base, t_safe, V,
+                                         NEED_ARGMAX, NEED_SOFTMAX, NEED_ENTROPY, BLOCK)
+        if NEED_ARGMAX:
+            tl.store(argmax_ptr + out, best_idx)
+        if NEED_SOFTMAX:
+            tl.store(max_ptr + out, m)
+            tl.store(sum_ptr + out, s)
+        if NEED_ENTROPY:
+            tl.store(ent_ptr + out, ent)
 
 
 @_device
@@ -616,14 +646,12 @@ def _final_draw(base, draft, request, scalars, b, a, rejected, scale, t_safe, m_
 
 
 @_device
-def _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale, t_safe,
-                   IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, TYPICAL: tl.constexpr,
-                   BLOCK: tl.constexpr):
-    """A sampled row's token after its accepted prefix ``a``: typical's recovered token (the
-    argmax of ``p_a``) at a rejection, else the one inverse-CDF draw (:func:`_final_draw`)."""
+def _row_a(target, stats, scalars, b, a, IS_LOGITS: tl.constexpr):
+    """``(row pointer, max logit, normaliser)`` of request ``b``'s target row at position
+    ``a`` (probabilities: 0 and 1)."""
     target_ptr, target_stride, rows_ptr = target
     _argmax_ptr, max_ptr, sum_ptr, _ent_ptr, _part, _part_idx, _S, _CHUNK = stats
-    V, K, R, _RQ, _eps, _alpha = scalars
+    _V, K, R, _RQ, _eps, _alpha = scalars
     stat_a = b * (K + 1) + a
     base = target_ptr + _clamped(tl.load(rows_ptr + stat_a), R) * target_stride
     if IS_LOGITS:
@@ -632,6 +660,143 @@ def _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale
     else:
         m_a = 0.0
         s_a = 1.0
+    return base, m_a, s_a
+
+
+@_device
+def _draw_partial(target, draft, stats, scalars, draw, b, decision, IS_LOGITS: tl.constexpr,
+                  HAS_Q: tl.constexpr, BLOCK: tl.constexpr):
+    """This program's ``BLOCK`` of the draw's weights, as :func:`_final_draw` reads it: the
+    float64 block sums of the residual and of ``p`` (``_last_of_cumsum``), the largest
+    in-block prefix at a positive weight and the last positive index, stored for the last
+    program of the request (:func:`_draw_from_partials`); ``decision`` is ``(a, rejected,
+    scale, t_safe)``."""
+    a, rejected, scale, t_safe = decision
+    dpart_ptr, dpos_ptr, _ctr_ptr, D = draw
+    V = scalars[0]
+    base, m_a, s_a = _row_a(target, stats, scalars, b, a, IS_LOGITS)
+    qbase, x_a = _draw_q(draft, scalars, b, a, rejected, HAS_Q)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
+    q = _q_chunk(qbase, offs, tl.where(rejected, V, 0), x_a, HAS_Q)
+    r = tl.where(rejected, tl.maximum(scale * p - q, 0.0), 0.0)
+    slot = b * D + tl.program_id(1)
+    _store_partial(dpart_ptr, dpos_ptr, slot, 0, r, offs, BLOCK)
+    _store_partial(dpart_ptr, dpos_ptr, slot, 1, p, offs, BLOCK)
+
+
+@_device
+def _store_partial(dpart_ptr, dpos_ptr, slot, which, w, offs, BLOCK: tl.constexpr):
+    """One weighting's block partial (``which`` 0: residual, 1: ``p``), see
+    :func:`_draw_partial`."""
+    w64 = w.to(tl.float64)
+    top = tl.max(tl.where(w > 0, tl.cumsum(w64, 0), float("-inf")), 0)
+    tl.store(dpart_ptr + slot * 4 + which, _last_of_cumsum(w64, BLOCK))
+    tl.store(dpart_ptr + slot * 4 + 2 + which, top)
+    tl.store(dpos_ptr + slot * 2 + which, tl.max(tl.where(w > 0, offs, 0), 0))
+
+
+@_device
+def _nth(x, lanes, i):
+    """Lane ``i`` of ``x`` (a sum of it and zeros: exact)."""
+    return tl.sum(tl.where(lanes == i, x, 0.0), 0)
+
+
+@_device
+def _draw_from_partials(target, draft, request, stats, scalars, draw, b, decision,
+                        IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr,
+                        DB: tl.constexpr):
+    """:func:`_final_draw`'s token from the ``D`` programs' block partials, bit for bit: the
+    totals and carries add the float64 block sums in block order from 0 as its passes do; the
+    pick lies in the first block whose carry plus largest positive prefix reaches the
+    threshold (rounding is monotone), which alone is scanned; none: the last positive index."""
+    a, rejected, scale, t_safe = decision
+    dpart_ptr, dpos_ptr, _ctr_ptr, D = draw
+    V, K, _R, _RQ, _eps, _alpha = scalars
+    lanes = tl.arange(0, DB)
+    live = lanes < D
+    at = b * D + lanes
+    c_r = tl.load(dpart_ptr + at * 4, mask=live, other=0.0, volatile=True)
+    c_p = tl.load(dpart_ptr + at * 4 + 1, mask=live, other=0.0, volatile=True)
+    zero = tl.sum(tl.zeros([DB], tl.float64), 0)
+    total_r = zero
+    total_p = zero
+    for i in range(0, D):
+        total_r += _nth(c_r, lanes, i)
+        total_p += _nth(c_p, lanes, i)
+    use_r = rejected & (total_r > 0)
+    sel = tl.where(use_r, 0, 1)
+    c_w = tl.where(use_r, c_r, c_p)
+    top = tl.load(dpart_ptr + at * 4 + 2 + sel, mask=live, other=float("-inf"), volatile=True)
+    last_pos = tl.max(tl.load(dpos_ptr + at * 2 + sel, mask=live, other=0, volatile=True), 0)
+    v_draw = tl.load(request[2] + b * (K + 1) + K).to(tl.float64)
+    threshold = v_draw * tl.where(use_r, total_r, total_p)
+    carry = zero
+    hit_block = tl.min(tl.full([DB], -1, tl.int32), 0)
+    hit_carry = zero
+    for i in range(0, D):
+        hit = (hit_block < 0) & (carry + _nth(top, lanes, i) >= threshold)
+        hit_block = tl.where(hit, i, hit_block)
+        hit_carry = tl.where(hit, carry, hit_carry)
+        carry += _nth(c_w, lanes, i)
+    pick = hit_block * 0 - 1
+    if hit_block >= 0:
+        base, m_a, s_a = _row_a(target, stats, scalars, b, a, IS_LOGITS)
+        qbase, x_a = _draw_q(draft, scalars, b, a, rejected, HAS_Q)
+        offs = hit_block * BLOCK + tl.arange(0, BLOCK)
+        p = _p_chunk(base, offs, V, t_safe, m_a, s_a, IS_LOGITS)
+        q = _q_chunk(qbase, offs, tl.where(use_r, V, 0), x_a, HAS_Q)
+        wgt = tl.where(use_r, tl.maximum(scale * p - q, 0.0), p)
+        pick, _last, _carry = _scan_chunk(wgt, offs, hit_carry, threshold, pick, last_pos, V,
+                                          BLOCK)
+    return tl.where(pick >= 0, pick, last_pos)
+
+
+@_device
+def _draw_q(draft, scalars, b, a, rejected, HAS_Q: tl.constexpr):
+    """``(q row pointer, one-hot index)`` of the draft at position ``a`` (-1: no one-hot)."""
+    drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
+    _V, K, _R, RQ, _eps, _alpha = scalars
+    x_a = tl.load(drafts_ptr + b * K + a, mask=rejected, other=-1)
+    qbase = q_ptr
+    if HAS_Q:
+        qrow_a = _clamped(tl.load(qrows_ptr + b * K + a, mask=rejected, other=0), RQ)
+        qbase = q_ptr + qrow_a * q_stride
+    return qbase, x_a
+
+
+@_device
+def _split_draw(target, draft, request, stats, scalars, draw, b, decision, greedy, final,
+                IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, BLOCK: tl.constexpr,
+                DB: tl.constexpr):
+    """``(token, last)``: every program of request ``b`` stores its block's partials, then
+    takes the request's counter; the last to arrive draws from them all (no program waits on
+    another) and resets the counter (the layout launch zeroed it)."""
+    ctr_ptr = draw[2]
+    D = draw[3]
+    if greedy == 0:
+        _draw_partial(target, draft, stats, scalars, draw, b, decision, IS_LOGITS, HAS_Q,
+                      BLOCK)
+    tl.debug_barrier()  # every thread's stores precede the release below
+    done = tl.atomic_add(ctr_ptr + b, 1, sem="acq_rel")
+    last = done == D - 1
+    if last:
+        tl.store(ctr_ptr + b, 0)
+        if greedy == 0:
+            final = _draw_from_partials(target, draft, request, stats, scalars, draw, b,
+                                        decision, IS_LOGITS, HAS_Q, BLOCK,
+                                        DB).to(final.dtype)
+    return final, last
+
+
+@_device
+def _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale, t_safe,
+                   IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, TYPICAL: tl.constexpr,
+                   BLOCK: tl.constexpr):
+    """A sampled row's token after its accepted prefix ``a``: typical's recovered token (the
+    argmax of ``p_a``) at a rejection, else the one inverse-CDF draw (:func:`_final_draw`)."""
+    V = scalars[0]
+    base, m_a, s_a = _row_a(target, stats, scalars, b, a, IS_LOGITS)
     final = a * 0
     do_draw = rejected == 0
     if not TYPICAL:
@@ -645,13 +810,75 @@ def _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale
     return final
 
 
+@_device
+def _sampled_tests(target, draft, request, stats, scalars, b, x, sampled, t_safe,
+                   IS_LOGITS: tl.constexpr, HAS_Q: tl.constexpr, HAS_U: tl.constexpr,
+                   TYPICAL: tl.constexpr, KB: tl.constexpr):
+    """``(ok, p(x), q(x), u)`` of the sampled draft lanes: typical's bar, or the token-wise
+    rejection test ``u q(x) <= p(x)`` (``q(x) = 1`` without draft rows)."""
+    target_ptr, target_stride, rows_ptr = target
+    _drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
+    _counts_ptr, _temp_ptr, u_ptr = request
+    _argmax_ptr, max_ptr, sum_ptr, ent_ptr, _part, _part_idx, _S, _CHUNK = stats
+    _V, K, R, RQ, eps, alpha = scalars
+    K1 = K + 1
+    lanes = tl.arange(0, KB)
+    stat = b * K1 + lanes
+    qx = 1.0
+    u = 1.0
+    row = _clamped(tl.load(rows_ptr + b * K1 + lanes, mask=sampled, other=0), R)
+    px = _target_prob_at(target_ptr + row * target_stride + x, max_ptr + stat, sum_ptr + stat,
+                         sampled, t_safe, IS_LOGITS)
+    if TYPICAL:
+        h = tl.load(ent_ptr + stat, mask=sampled, other=0.0)
+        ok_s = px > _typical_threshold(h, eps, alpha)
+    else:
+        if HAS_U:  # noqa: SIM108
+            u = tl.load(u_ptr + b * K1 + lanes, mask=sampled, other=1.0)
+        else:
+            u = 1.0
+        if HAS_Q:
+            qrow = _clamped(tl.load(qrows_ptr + b * K + lanes, mask=sampled, other=0), RQ)
+            qx = tl.load(q_ptr + qrow * q_stride + x, mask=sampled, other=0.0).to(tl.float32)
+        else:
+            qx = 1.0
+        ok_s = (px > 0) & (u * qx <= px)
+    return ok_s, px, qx, u
+
+
+@_device
+def _write_outputs(out, bonus, drafts_ptr, b, a, final, V, K, HAS_BONUS: tl.constexpr,
+                   RULE: tl.constexpr, KB: tl.constexpr):
+    """Request ``b``'s ``[K+1]`` token row (accepted drafts, then ``final`` or the caller's
+    bonus token, then placeholders) and its counters."""
+    tokens_ptr, accepted_ptr, emitted_ptr = out
+    bonus_ptr, bonus_stride, caller_ptr = bonus
+    K1 = K + 1
+    lanes = tl.arange(0, KB)
+    final = tl.minimum(tl.maximum(final, 0), V - 1).to(tl.int64)
+    if HAS_BONUS:  # the caller's bonus token where every draft it counted was accepted
+        all_in = a.to(tl.int64) == tl.load(caller_ptr + b)
+        final = tl.where(all_in, tl.load(bonus_ptr + b * bonus_stride).to(tl.int64), final)
+    d = _clamped(tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0), V)
+    tok = tl.where(lanes < a, d, tl.where(lanes == a, final, PLACEHOLDER))
+    if RULE >= RULE_COUNT:  # an unknown rule: flagged, never decided as another
+        tok = tl.where(lanes < 0, tok, PLACEHOLDER)
+        a = a * 0 - 1
+    tl.store(tokens_ptr + b * K1 + lanes, tok, mask=lanes < K1)
+    tl.store(accepted_ptr + b, a)
+    tl.store(emitted_ptr + b, a + 1)
+
+
 @_kernel
 def _decide_kernel(
-    target, draft, request, stats, out, bonus, scalars,
+    target, draft, request, stats, out, bonus, scalars, draw,
     FLAGS: tl.constexpr, RULE: tl.constexpr, BLOCK: tl.constexpr, KB: tl.constexpr,
+    DB: tl.constexpr,
 ):  # fmt: skip
-    """Grid ``(B,)``: one request's accepted prefix, its next token (the caller's bonus token
-    where every draft it counted was accepted), its output row and counters.
+    """Grid ``(B, D)``: one request's accepted prefix, its next token (the caller's bonus token
+    where every draft it counted was accepted), its output row and counters. ``SPLIT_DRAW``:
+    the ``D`` programs of a request each read one ``BLOCK`` of the draw (``_split_draw``);
+    else ``D = 1``.
 
     ``RULE``: the sampled rows' rule (``spec.RULE_CODES``); an unknown code writes the flag
     ``num_accepted = -1`` and a row of placeholders instead of deciding. ``FLAGS``: the host
@@ -662,15 +889,13 @@ def _decide_kernel(
     HAS_GREEDY: tl.constexpr = FLAGS // 8 % 2 == 1
     HAS_BONUS: tl.constexpr = FLAGS // 16 % 2 == 1
     SPLIT: tl.constexpr = FLAGS // 32 % 2 == 1
+    SPLIT_DRAW: tl.constexpr = FLAGS // 64 % 2 == 1
     TYPICAL: tl.constexpr = RULE == RULE_TYPICAL
     BLOCK_VERIFY: tl.constexpr = RULE == RULE_BLOCK
-    target_ptr, target_stride, rows_ptr = target
-    drafts_ptr, q_ptr, q_stride, qrows_ptr = draft
-    counts_ptr, temp_ptr, u_ptr = request
-    argmax_ptr, max_ptr, sum_ptr, ent_ptr, _part, _part_idx, _S, _CHUNK = stats
-    tokens_ptr, accepted_ptr, emitted_ptr = out
-    bonus_ptr, bonus_stride, caller_ptr = bonus
-    V, K, R, RQ, eps, alpha = scalars
+    drafts_ptr, _q_ptr, _q_stride, _qrows_ptr = draft
+    counts_ptr, temp_ptr, _u_ptr = request
+    argmax_ptr, _max, _sum, _ent, _part, _part_idx, _S, _CHUNK = stats
+    V, K, _R, _RQ, _eps, _alpha = scalars
     b = tl.program_id(0)
     K1 = K + 1
     n = _clamped(tl.load(counts_ptr + b), K1)  # so num_accepted <= K whatever the caller sent
@@ -701,23 +926,8 @@ def _decide_kernel(
         ok_g = x == g
     else:
         ok_g = x != x  # all False
-    row = _clamped(tl.load(rows_ptr + b * K1 + lanes, mask=sampled, other=0), R)
-    px = _target_prob_at(target_ptr + row * target_stride + x, max_ptr + stat, sum_ptr + stat,
-                         sampled, t_safe, IS_LOGITS)
-    if TYPICAL:
-        h = tl.load(ent_ptr + stat, mask=sampled, other=0.0)
-        ok_s = px > _typical_threshold(h, eps, alpha)
-    else:
-        if HAS_U:  # noqa: SIM108
-            u = tl.load(u_ptr + b * K1 + lanes, mask=sampled, other=1.0)
-        else:
-            u = 1.0
-        if HAS_Q:
-            qrow = _clamped(tl.load(qrows_ptr + b * K + lanes, mask=sampled, other=0), RQ)
-            qx = tl.load(q_ptr + qrow * q_stride + x, mask=sampled, other=0.0).to(tl.float32)
-        else:
-            qx = 1.0
-        ok_s = (px > 0) & (u * qx <= px)
+    ok_s, px, qx, u = _sampled_tests(target, draft, request, stats, scalars, b, x, sampled,
+                                     t_safe, IS_LOGITS, HAS_Q, HAS_U, TYPICAL, KB)
     ok = ((greedy_draft & ok_g) | (sampled & ok_s)) & in_vocab
     a = tl.min(tl.where(ok, KB, lanes), 0).to(n.dtype)  # lanes >= n are never ok, so a <= n
     scale = tl.sum(tl.zeros([BLOCK], tl.float32), 0) + 1.0  # P_{a-1}: 1 outside block
@@ -732,22 +942,18 @@ def _decide_kernel(
     final = n * 0
     if HAS_GREEDY:
         final = tl.load(argmax_ptr + stat_a, mask=greedy, other=0).to(final.dtype)
-    if greedy == 0:
-        final = _sampled_token(target, draft, request, stats, scalars, b, a, rejected, scale,
-                               t_safe, IS_LOGITS, HAS_Q, TYPICAL, BLOCK).to(final.dtype)
-
-    final = tl.minimum(tl.maximum(final, 0), V - 1).to(tl.int64)
-    if HAS_BONUS:  # the caller's bonus token where every draft it counted was accepted
-        all_in = a.to(tl.int64) == tl.load(caller_ptr + b)
-        final = tl.where(all_in, tl.load(bonus_ptr + b * bonus_stride).to(tl.int64), final)
-    d = _clamped(tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0), V)
-    tok = tl.where(lanes < a, d, tl.where(lanes == a, final, PLACEHOLDER))
-    if RULE >= RULE_COUNT:  # an unknown rule: flagged, never decided as another
-        tok = tl.where(lanes < 0, tok, PLACEHOLDER)
-        a = a * 0 - 1
-    tl.store(tokens_ptr + b * K1 + lanes, tok, mask=lanes < K1)
-    tl.store(accepted_ptr + b, a)
-    tl.store(emitted_ptr + b, a + 1)
+    if SPLIT_DRAW:
+        final, writer = _split_draw(target, draft, request, stats, scalars, draw, b,
+                                    (a, rejected, scale, t_safe), greedy, final, IS_LOGITS,
+                                    HAS_Q, BLOCK, DB)
+    else:
+        if greedy == 0:
+            final = _sampled_token(target, draft, request, stats, scalars, b, a, rejected,
+                                   scale, t_safe, IS_LOGITS, HAS_Q, TYPICAL,
+                                   BLOCK).to(final.dtype)
+        writer = tl.program_id(1) == 0
+    if writer:
+        _write_outputs(out, bonus, drafts_ptr, b, a, final, V, K, HAS_BONUS, RULE, KB)
 
 
 KERNELS_INTERPRETED: bool = not isinstance(_decide_kernel, triton.runtime.jit.JITFunction)
@@ -784,7 +990,7 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
     # counters the caller gets back (views of it); one float32 buffer for the rest.
     i64 = torch.empty(b * (3 * k + 1) + 4 * b + 1, dtype=torch.int64, device=device)
     f32 = torch.empty(b * (4 * k1 + 1), dtype=torch.float32, device=device)
-    argmax = torch.empty(b * k1 + 1, dtype=torch.int32, device=device)
+    argmax = torch.empty(b * k1 + 1 + b, dtype=torch.int32, device=device)
     tokens = torch.empty((b, k1), dtype=call.tokens_dtype, device=device)
     w_drafts, w_rows, w_qrows = i64[:b * k], i64[b * k:b * (2 * k + 1)], i64[b * (2 * k + 1):]
     w_caller = i64[b * (3 * k + 1):b * (3 * k + 2)]
@@ -807,22 +1013,61 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
     part_idx = torch.empty(b * k1 * splits if splits > 1 else 1, dtype=torch.int32,
                            device=device)
     temps, w_u = f32[:b], f32[b:b + b * k1]
-    stats = (argmax, f32[b + b * k1:b + 2 * b * k1], f32[b + 2 * b * k1:b + 3 * b * k1],
-             f32[b + 3 * b * k1:], part, part_idx, splits, chunk)
+    stats = (argmax[:b * k1 + 1], f32[b + b * k1:b + 2 * b * k1],
+             f32[b + 2 * b * k1:b + 3 * b * k1], f32[b + 3 * b * k1:], part, part_idx, splits,
+             chunk)
     q = None if call.q is None else _rows_contiguous(call.q, interpreted)
     rq = 1 if q is None else q.shape[0]
     eps, alpha = call.options.typical.kernel_scalars()
     scalars = (v, k, target.shape[0], rq, eps, alpha)
     kb = max(2, triton.next_power_of_2(k1))
 
-    def ptr(x: torch.Tensor | None) -> torch.Tensor:  # an absent or empty tensor: never read
-        return i64 if x is None or x.numel() == 0 else x
+    ctr = argmax[b * k1 + 1:]  # zeroed by the layout launch: no device op of its own
+    work = (w_drafts, w_rows, w_qrows, counts, w_caller, temps, w_u, ctr)
+    _launch_layout(mod, call, target, i64, work, stats, scalars,
+                   (has_greedy, need_softmax, typical), kb, interpreted)
+    bonus = call.bonus
+    block = _block(v, 1024 if interpreted else 2048)
+    d = -(-v // block) if rule == spec.RULE_CODES["rejection"] and not call.all_greedy else 1
+    dpart = torch.empty(b * d * 4 if d > 1 else 1, dtype=torch.float64, device=device)
+    dpos = torch.empty(b * d * 2 if d > 1 else 1, dtype=torch.int32, device=device)
+    mod._decide_kernel[(b, d)](
+        (target, target.stride(0), w_rows),
+        (w_drafts, target if q is None else q, 0 if q is None else q.stride(0), w_qrows),
+        (counts, temps, w_u), stats, (tokens, accepted, emitted),
+        (_ptr(bonus, i64), _stride(bonus), w_caller), scalars, (dpart, dpos, ctr, d),
+        FLAGS=spec.pack(spec.DECIDE_BITS, IS_LOGITS=call.is_logits, HAS_Q=q is not None,
+                        HAS_U=not call.all_greedy, HAS_GREEDY=has_greedy,
+                        HAS_BONUS=bonus is not None, SPLIT=splits > 1, SPLIT_DRAW=d > 1),
+        RULE=rule, BLOCK=block, KB=kb, DB=max(2, triton.next_power_of_2(d)),
+        **({} if interpreted else {"num_warps": 4, **_COMPILE_OPTIONS}),
+    )  # fmt: skip
+    return tokens, accepted, emitted, counts
 
-    def stride(x: Any, dim: int = 0) -> int:
-        return x.stride(dim) if isinstance(x, torch.Tensor) and x.dim() > dim else 0
 
+def _ptr(x: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
+    """``x``, or ``stand_in`` for an absent or empty tensor (never read)."""
+    return stand_in if x is None or x.numel() == 0 else x
+
+
+def _stride(x: Any, dim: int = 0) -> int:
+    return x.stride(dim) if isinstance(x, torch.Tensor) and x.dim() > dim else 0
+
+
+def _launch_layout(mod: Any, call: spec.ChainSpec, target: torch.Tensor, i64: torch.Tensor,
+                   work: tuple, stats: tuple, scalars: tuple, needs: tuple[bool, bool, bool],
+                   kb: int, interpreted: bool) -> None:
+    """The first launch, ``_layout_kernel`` (grid ``(B, K+1, S)``): the work record and the
+    target rows' statistics (``i64`` stands in for every absent tensor: never read)."""
+    def ptr(x: torch.Tensor | None) -> torch.Tensor:
+        return _ptr(x, i64)
+
+    splits = stats[6]
+    v = scalars[0]
+    has_greedy, need_softmax, typical = needs
+    stats_block = _block(v, 1024 if interpreted else 2048)
     drafts = call.drafts
-    d_s0, d_s1 = (0, stride(drafts)) if call.flat else (stride(drafts), stride(drafts, 1))
+    d_s0, d_s1 = (0, _stride(drafts)) if call.flat else (_stride(drafts), _stride(drafts, 1))
     u_kind = call.u_kind
     seeds = call.seeds
     k_words = spec.row_seed_words(seeds) if u_kind == "seed_int" else (0, 0)
@@ -830,16 +1075,16 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
     off_t = call.offsets if isinstance(call.offsets, torch.Tensor) else None
     temp_t = call.temperature if isinstance(call.temperature, torch.Tensor) else None
     rows, qrows, u = call.rows, call.q_rows, call.uniforms
-    mod._layout_kernel[(b, k1, splits)](
-        (ptr(drafts), d_s0, d_s1, drafts.shape[0] if call.flat else b, ptr(call.sizes),
-         stride(call.sizes)),
-        (ptr(rows), stride(rows), stride(rows, 1), ptr(qrows), stride(qrows), stride(qrows, 1)),
-        (ptr(call.request_map), ptr(temp_t), stride(temp_t),
+    mod._layout_kernel[(call.b, call.k + 1, splits)](
+        (ptr(drafts), d_s0, d_s1, drafts.shape[0] if call.flat else call.b, ptr(call.sizes),
+         _stride(call.sizes)),
+        (ptr(rows), _stride(rows), _stride(rows, 1), ptr(qrows), _stride(qrows), _stride(qrows, 1)),
+        (ptr(call.request_map), ptr(temp_t), _stride(temp_t),
          call.temperature if temp_t is None else 0.0),
-        (ptr(u), stride(u), stride(u, 1), ptr(seed_t), stride(seed_t), k_words[0], k_words[1],
-         ptr(off_t), stride(off_t), call.offsets if off_t is None else 0),
+        (ptr(u), _stride(u), _stride(u, 1), ptr(seed_t), _stride(seed_t), k_words[0], k_words[1],
+         ptr(off_t), _stride(off_t), call.offsets if off_t is None else 0),
         (target, target.stride(0)),
-        (w_drafts, w_rows, w_qrows, counts, w_caller, temps, w_u), stats, scalars,
+        work, stats, scalars,
         LAYOUT=spec.pack(spec.LAYOUT_BITS, SIZES=spec.SIZE_CODES[call.sizes_kind],
                          FLAT=call.flat, COUNT_MINUS=call.count_minus,
                          DRAFT_SHIFT=call.draft_shift, BONUS_ROWS=call.bonus_rows,
@@ -854,19 +1099,6 @@ def launch(call: spec.ChainSpec) -> tuple[torch.Tensor, ...]:
         SUM_BLOCK=256,
         **({} if interpreted else {"num_warps": 8, **_COMPILE_OPTIONS}),
     )  # fmt: skip
-    bonus = call.bonus
-    mod._decide_kernel[(b,)](
-        (target, target.stride(0), w_rows),
-        (w_drafts, target if q is None else q, 0 if q is None else q.stride(0), w_qrows),
-        (counts, temps, w_u), stats, (tokens, accepted, emitted),
-        (ptr(bonus), stride(bonus), w_caller), scalars,
-        FLAGS=spec.pack(spec.DECIDE_BITS, IS_LOGITS=call.is_logits, HAS_Q=q is not None,
-                        HAS_U=not call.all_greedy, HAS_GREEDY=has_greedy,
-                        HAS_BONUS=bonus is not None, SPLIT=splits > 1),
-        RULE=rule, BLOCK=_block(v, 1024 if interpreted else 2048), KB=kb,
-        **({} if interpreted else {"num_warps": 4, **_COMPILE_OPTIONS}),
-    )  # fmt: skip
-    return tokens, accepted, emitted, counts
 
 
 TARGET_PROGRAMS = 256

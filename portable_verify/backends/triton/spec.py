@@ -48,7 +48,7 @@ SOURCE_BITS = (("TEMP", 2), ("U_SRC", 2), ("OFFSETS", 2), ("REQ_MAP", 1))
 STATS_BITS = (("NEED_ARGMAX", 1), ("NEED_SOFTMAX", 1), ("NEED_ENTROPY", 1), ("SPLIT", 1))
 """``_layout_kernel``'s ``STATS``: which row statistics the decision reads."""
 DECIDE_BITS = (("IS_LOGITS", 1), ("HAS_Q", 1), ("HAS_U", 1), ("HAS_GREEDY", 1),
-               ("HAS_BONUS", 1), ("SPLIT", 1))
+               ("HAS_BONUS", 1), ("SPLIT", 1), ("SPLIT_DRAW", 1))
 """``_decide_kernel``'s ``FLAGS``."""
 
 
