@@ -203,3 +203,26 @@ def test_a_rule_declared_without_an_implementation_fails_loudly_openvino(
         chosen.run(_own(chosen, _chain_inputs(fake_method)))
     with pytest.raises(NotImplementedError, match=fake_method):
         chosen.run_tree(_own(chosen, _tree_inputs(fake_method)))
+
+
+def test_a_rule_declared_without_an_implementation_is_flagged_triton(
+        fake_method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Triton's tables (``triton/spec.py``): a code declared there that the chain and tree
+    kernels have no branch for is flagged on the device (``num_accepted = -1``, a row of
+    placeholders), never decided as rejection under the new name (the GPU path reads no
+    device value, so the flag is the kernel's answer)."""
+    if not pv.get_backend("triton:interpreter").availability().available:
+        pytest.skip("Triton's interpreter is not available")
+    from portable_verify.backends.triton import spec
+
+    monkeypatch.setitem(spec.RULE_CODES, fake_method, len(spec.RULE_CODES))
+    monkeypatch.setitem(spec.TREE_RULE_CODES, fake_method, len(spec.TREE_RULE_CODES))
+    chosen = pv.get_backend("triton:interpreter")
+    tokens, accepted = chosen.run(_chain_inputs(fake_method))
+    assert accepted.tolist() == [-1] * accepted.shape[0]
+    assert (tokens == -1).all()
+    _tokens, _nodes, tree_accepted = chosen.run_tree(_tree_inputs(fake_method))
+    assert tree_accepted.tolist() == [-1] * tree_accepted.shape[0]
+    # The control: the same inputs under rejection's code are decided (accepted >= 0).
+    _tokens, accepted = chosen.run(_chain_inputs("rejection"))
+    assert (accepted >= 0).all()

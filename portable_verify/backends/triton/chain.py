@@ -46,9 +46,9 @@ PLACEHOLDER = tl.constexpr(PLACEHOLDER_TOKEN_ID)
 FLOAT32_TINY = tl.constexpr(constants.FLOAT32_TINY)
 FLOAT32_MAX = tl.constexpr(constants.FLOAT32_MAX)
 INVALID_DRAFT = tl.constexpr(INVALID_DRAFT_TOKEN_ID)
+RULE_REJECTION = tl.constexpr(spec.RULE_CODES["rejection"])
 RULE_TYPICAL = tl.constexpr(spec.RULE_CODES["typical"])
 RULE_BLOCK = tl.constexpr(spec.RULE_CODES["block"])
-RULE_COUNT = tl.constexpr(len(spec.RULE_CODES))
 MIX_C1 = tl.constexpr(rng.MIX_C1)
 MIX_C2 = tl.constexpr(rng.MIX_C2)
 SEED_SALT = tl.constexpr(rng.SEED_SALT)
@@ -861,7 +861,9 @@ def _write_outputs(out, bonus, drafts_ptr, b, a, final, V, K, HAS_BONUS: tl.cons
         final = tl.where(all_in, tl.load(bonus_ptr + b * bonus_stride).to(tl.int64), final)
     d = _clamped(tl.load(drafts_ptr + b * K + lanes, mask=lanes < a, other=0), V)
     tok = tl.where(lanes < a, d, tl.where(lanes == a, final, PLACEHOLDER))
-    if RULE >= RULE_COUNT:  # an unknown rule: flagged, never decided as another
+    if (RULE != RULE_REJECTION) and (RULE != RULE_TYPICAL) and (RULE != RULE_BLOCK):
+        # a code declared in spec.RULE_CODES without a branch here: flagged, never decided
+        # as another rule
         tok = tl.where(lanes < 0, tok, PLACEHOLDER)
         a = a * 0 - 1
     tl.store(tokens_ptr + b * K1 + lanes, tok, mask=lanes < K1)
