@@ -116,6 +116,25 @@ def launches(fn: Callable[[], Any]) -> dict[str, Any]:
     return {"launches": len(names) - draws, "rng_draws": draws, "by_name": counts}
 
 
+def host_profile(fn: Callable[[], Any], calls: int = 50, top: int = 14) -> list[str]:
+    """Where one call's host time goes: cProfile's top functions by cumulative time over
+    ``calls`` calls (us per call), for the next round of host-path work."""
+    import cProfile
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    stats = pstats.Stats(profiler).sort_stats("cumulative")
+    rows = []
+    for (path, line, name), (_cc, _nc, _tt, cum, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{path.rsplit('/', 2)[-1]}:{line}"
+        rows.append((cum, f"{cum / calls * 1e6:8.1f} us  {name} ({where})"))
+    return [text for _, text in sorted(rows, reverse=True)[:top]]
+
+
 def sync_free(fn: Callable[[], Any]) -> str | None:
     """None when one call runs under ``set_sync_debug_mode("error")``; else the error."""
     torch.cuda.synchronize()
@@ -282,7 +301,10 @@ def founding_targets(device: torch.device, backend: str, dry_run: bool) -> dict[
     g, r = timed["greedy"]["median_us"], timed["rejection"]["median_us"]
     argmax = timed["argmax"]["median_us"]
     real = is_cuda(device)
-    return {"shape": shape, "eager": timed,
+    where = {"greedy": host_profile(greedy), "greedy validate=True": host_profile(greedy_v)}
+    if real:
+        where["greedy validate=True launches"] = launches(greedy_v)
+    return {"shape": shape, "eager": timed, "where_the_host_time_goes": where,
             "greedy_over_argmax": round(g / argmax, 2), "rejection_over_argmax":
             round(r / argmax, 2), "targets": [
                 target("founding case greedy, eager", f"{g} us ({g / argmax:.2f}x argmax)",
