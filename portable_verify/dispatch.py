@@ -374,8 +374,11 @@ def numpy_inputs(inputs: Any) -> Any:
 def run(backend: Backend, inputs: VerifyInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Run ``backend`` on ``inputs``: ``(token_ids, num_accepted)`` as int64 tensors on the
     inputs' device. A value a compiled backend only flagged (:class:`ReadValueError`) is worded
-    by :func:`reword`."""
+    by :func:`reword`. The layout's shapes are checked first (metadata, free): with
+    ``validate=False`` a mismatch would be an out-of-bounds read, which on a GPU is a
+    device-side assert that ends the process, not an exception."""
     device = _same_device(backend, inputs.target)
+    inputs.check_layout()
     try:
         if backend.array_kind == "numpy":
             tokens, accepted = (torch.from_numpy(np.asarray(a))

@@ -191,7 +191,8 @@ def test_tree_law_with_a_negative_control(mode: str) -> None:
     assert fit.passed, fit.line()
     if mode != "deterministic":
         return
-    shared = shared_sibling_uniforms(make_scenario(), LAW_TRIALS[mode], tree_law.SEED + 10)
+    shared = shared_sibling_uniforms(make_scenario(), LAW_TRIALS[mode], tree_law.SEED + 10,
+                                     DEVICE)
     control, _ = tree_law._fit("shared uniform", BACKEND, mode, LAW_TRIALS[mode], LAW_ALPHA,
                                tree_law.SEED + 10, uniforms=shared)
     assert not control.passed, control.line()

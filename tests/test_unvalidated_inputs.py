@@ -178,3 +178,25 @@ def test_out_of_vocabulary_drafts_are_never_accepted(
 
 # --- 7. the long run, and the machinery behind 5/6: isolation and fuzzing ---------------------
 
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_counts_that_claim_rows_the_target_lacks_raise_before_any_read(backend: str) -> None:
+    """Found by the kit's fuzzing on an H200: a ragged call of no drafts whose counts say one
+    request, with an empty target and ``validate=False``. A backend behind dispatch must refuse
+    it from the shapes alone (a ValueError naming the target) before reading a row: on a GPU
+    the out-of-range read is a device-side assert that ends the process, where the CPU raised
+    an IndexError from deep inside (the negative control, dispatch's shape check bypassed), and
+    numba's host kernel read a row before the empty target (a token that changed run to run)."""
+    call = dict(num_draft_tokens=torch.tensor([1]), target_probs=torch.zeros(0, 21),
+                method="rejection", validate=False, seed=1, backend=backend)
+    with pytest.raises(ValueError, match="the target has no rows"):
+        pv.verify_ragged(torch.zeros(0, dtype=torch.int64), **call)
+    if backend != "torch:cpu":
+        return
+    from portable_verify.core.types import VerifyInputs
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(VerifyInputs, "check_layout", lambda self: None)
+        with pytest.raises(IndexError):
+            pv.verify_ragged(torch.zeros(0, dtype=torch.int64), **call)

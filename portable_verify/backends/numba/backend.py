@@ -156,6 +156,8 @@ class NumbaBackend(Backend):
         # Written flat, positional and without keyword dictionaries: at batch 1-8 the Python
         # around the kernel is most of a call's cost (docs/benchmarks.md, "The four doors").
         check = call.validate is True
+        if call.target.shape[0] == 0 and call.drafts.shape[0] > 0:  # no row to clamp into
+            raise ValueError("the target has no rows for its B > 0 requests")
         counts = EMPTY_I64_1 if call.counts is None else call.counts
         bonus = EMPTY_I64_1 if call.bonus is None else call.bonus
         options = call.options
