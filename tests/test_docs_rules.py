@@ -49,12 +49,6 @@ DATES = ["2026-12-01", "on 2026/12/01", "Dec 1", "December 1st", "1 December", "
 NOT_DATES = ["Sun et al. 2025", "arXiv 2505.12398", "May be", "10-12-2026x", "March forward",
              "a decade", "Decide 4", "commit 6577791", "int4 draft"]
 
-# The "Where each change goes" table of docs/architecture.md is rewritten on another branch
-# (issue 39, item 5: its rows become a test); its rows are exempt from the line width until
-# that rewrite lands, and nothing else is.
-_WIDTH_PENDING = {("architecture.md", "## Where each change goes")}
-
-
 @pytest.mark.parametrize(("pattern", "text", "hit"), [
     *((TIMING, t, True) for t in TIMINGS), *((TIMING, t, False) for t in NOT_TIMINGS),
     *((DATE, t, True) for t in DATES), *((DATE, t, False) for t in NOT_DATES)])
@@ -88,13 +82,9 @@ def _docs_pages() -> list[Path]:
 
 
 def _long_lines(page: Path) -> list[str]:
-    section, out = "", []
-    for i, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1):
-        if line.startswith("#"):
-            section = line
-        if len(line) > MAX_LINE and (page.name, section) not in _WIDTH_PENDING:
-            out.append(f"{page.name}:{i}: {len(line)} characters")
-    return out
+    return [f"{page.name}:{i}: {len(line)} characters"
+            for i, line in enumerate(page.read_text(encoding="utf-8").splitlines(), 1)
+            if len(line) > MAX_LINE]
 
 
 def test_docs_fit_their_line_budget() -> None:
