@@ -166,17 +166,23 @@ class VerifyInputs:
             "uniforms": (self.uniforms, (b, k + 1)),
             "draft_rows": (self.draft_rows, (b, k)),
         }
-        for name, (array, shape) in expected.items():
-            if array is not None and tuple(array.shape) != shape:
-                raise ValueError(f"{name} must have shape {shape}, got {tuple(array.shape)}")
-        if b > 0 and self.target.shape[0] == 0:
-            raise ValueError("the target has no rows for its B > 0 requests")
-        q = self.draft_probs
-        if q is not None and b * k > 0 and q.shape[0] == 0:
-            raise ValueError("draft_probs has no rows for the drafts of its B > 0 requests")
-        if q is not None and q.shape[-1] != self.vocab_size:
-            raise ValueError(f"draft_probs must have V = {self.vocab_size} columns, got "
-                             f"{q.shape[-1]}")
+        check_shapes(list(expected.items()), b, k, self.target, self.draft_probs)
+
+
+def check_shapes(expected: list[tuple[str, tuple[Any, tuple[int, ...]]]], b: int, k: int,
+                 target: Any, q: Any) -> None:
+    """Each named array's shape, then the rows the target and ``q`` must hold, on the host
+    (metadata only): a mismatch would otherwise be an out-of-bounds read in a kernel."""
+    for name, (array, shape) in expected:
+        if array is not None and tuple(array.shape) != shape:
+            raise ValueError(f"{name} must have shape {shape}, got {tuple(array.shape)}")
+    if b > 0 and target.shape[0] == 0:
+        raise ValueError("the target has no rows for its B > 0 requests")
+    if q is not None and b * k > 0 and q.shape[0] == 0:
+        raise ValueError("draft_probs has no rows for the drafts of its B > 0 requests")
+    if q is not None and q.shape[-1] != target.shape[-1]:
+        raise ValueError(f"draft_probs must have V = {target.shape[-1]} columns, got "
+                         f"{q.shape[-1]}")
 
 
 @dataclass(slots=True, eq=False)

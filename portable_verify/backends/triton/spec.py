@@ -19,7 +19,7 @@ import torch
 from portable_verify.core import methods, rng
 from portable_verify.core.arguments import FLOAT32_MAX, SEED_RANGE, to_tensor
 from portable_verify.core.layout import FlatLayout
-from portable_verify.core.types import VerifyCall, VerifyInputs, VerifyOptions
+from portable_verify.core.types import VerifyCall, VerifyInputs, VerifyOptions, check_shapes
 
 SIZE_CODES = {None: 0, "counts": 1, "cu": 2, "cu_inclusive": 3}
 """``_layout_kernel``'s ``SIZES``: K each, counts ``[B]``, offsets ``[B+1]`` from 0, inclusive
@@ -125,21 +125,12 @@ class ChainSpec:
                      ("num_draft_tokens", self.sizes, (sizes_len,))]
         if not self.flat:
             expected.append(("draft_token_ids", self.drafts, (b, k)))
-        for name, x, shape in expected:
-            if x is not None and tuple(x.shape) != shape:
-                raise ValueError(f"{name} must have shape {shape}, got {tuple(x.shape)}")
         for name, x in (("temperature", self.temperature), ("seed", self.seeds),
                         ("seed_offset", self.offsets)):
             if isinstance(x, torch.Tensor) and (x.dim() != 1 or x.shape[0] == 0) and b > 0:
                 raise ValueError(f"{name} must be a [B] tensor, got shape {tuple(x.shape)}")
-        if b > 0 and self.target.shape[0] == 0:
-            raise ValueError("the target has no rows for its B > 0 requests")
-        q = self.q
-        if q is not None and b * k > 0 and q.shape[0] == 0:
-            raise ValueError("draft_probs has no rows for the drafts of its B > 0 requests")
-        if q is not None and q.shape[-1] != self.target.shape[-1]:
-            raise ValueError(f"draft_probs must have V = {self.target.shape[-1]} columns, got "
-                             f"{q.shape[-1]}")
+        check_shapes([(name, (x, shape)) for name, x, shape in expected], b, k, self.target,
+                     self.q)
 
     @property
     def u_kind(self) -> str | None:
