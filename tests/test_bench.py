@@ -459,25 +459,26 @@ def _rendered(table: object, width: int) -> list[str]:
     return console.file.getvalue().splitlines()
 
 
-def _compact_text(cells: list[dict], meta: dict) -> str:
-    """The default table rendered at 100 columns, checked to fit without cutting a cell."""
+def _compact_text(cells: list[dict], meta: dict, shows: tuple[str, ...] = ()) -> str:
+    """The default table rendered at 100 columns, checked to fit without cutting a cell and
+    to show each of ``shows``."""
     from portable_verify.bench import output
 
     (table,) = output.compact_tables(cells, meta)
     lines = _rendered(table, 100)
     assert all(len(line) <= 100 for line in lines)
     assert not any("\u2026" in line for line in lines), "\n".join(lines)
-    return "\n".join(lines)
+    text = "\n".join(lines)
+    assert [s for s in shows if s not in text] == []
+    return text
 
 
 def test_default_table_fits_100_columns_without_cutting_a_cell() -> None:
     from portable_verify.bench import output
 
     cells, meta = _synthetic_cells(), _meta()
-    text = _compact_text(cells, meta)
-    for expected in ("rejection", "probs", "logits", "64,5,128256", "12345.678",
-                     "12345678.90", "1234.5", "MISSED 3 of 3"):
-        assert expected in text, expected
+    _compact_text(cells, meta, ("rejection", "probs", "logits", "64,5,128256", "12345.678",
+                                "12345678.90", "1234.5", "MISSED 3 of 3"))
     # The negative control: the wide table at the same width must be cut, or the check above
     # could not see a cut.
     wide = _rendered(output.render_table(cells, meta), 100)
@@ -756,10 +757,8 @@ def test_cuda_table_puts_eager_and_graph_times_side_by_side_in_100_columns() -> 
     from portable_verify.bench import output
 
     cells, meta = _gpu_cells(), _gpu_meta()
-    text = _compact_text(cells, meta)
-    for expected in ("eager ms", "graph ms", "x floor", "12345.678", "12345678.90",
-                     "NVIDIA H200", "4123 GB/s", "median of 50"):
-        assert expected in text, expected
+    _compact_text(cells, meta, ("eager ms", "graph ms", "x floor", "12345.678", "12345678.90",
+                                "NVIDIA H200", "4123 GB/s", "median of 50"))
     # Negative control: a CPU run's table (no graph time) has neither column.
     cpu_text = _compact_text(_synthetic_cells(), _meta())
     assert "graph ms" not in cpu_text and "ms/call" in cpu_text
