@@ -40,7 +40,7 @@ def main() -> int:
 def compile_entries() -> None:
     """One tiny call per entry kernel: padded greedy (numpy arrays, then tensors entered by
     address), a sampled decision (the same two ways) and a sampled tree walk."""
-    from portable_verify.backends.numba import entries
+    from portable_verify.backends.numba import entries, rules
     from portable_verify.backends.numba.backend import decide_arrays, greedy_arrays
     from portable_verify.backends.numba.tree import tree_arrays
     from portable_verify.core.tree import TreeInputs
@@ -63,7 +63,7 @@ def compile_entries() -> None:
                       target_is_logits=True, draft_probs=None, children="deterministic",
                       temperature=torch.ones(b), all_greedy=False, none_greedy=True,
                       uniforms=torch.rand(b, 4, generator=g), width=4)
-    tree_arrays(tree, entries.walk)
+    tree_arrays(tree, rules.TREE["rejection"], entries.walk)
 
 
 @contextlib.contextmanager
