@@ -114,26 +114,21 @@ def test_no_method_list_is_written_by_hand() -> None:
     assert not found, f"method lists written by hand (read the table, or say why): {found}"
 
 
-CASES = [  # (rule, source, flagged lines): negative controls and their compliant twins
-    ('comparison', 'if method == "typical":\n    pass\n', [1]),
-    ('comparison', 'x = rule != "block"\n', [1]),
-    ('comparison', 'if m in ("rejection", "typical"):\n    pass\n', [1]),
-    ('comparison', 'TYPICAL = "typical"\nok = rule == TYPICAL\n', [2]),
-    ('comparison', 'ok = inputs.options.method == "greedy"\n', [1]),
-    ('comparison', 'ok = "auto" == name\n', [1]),
-    ('comparison', 'ok = children == "auto"  # not a method: a children mode\n', []),
-    ('comparison', 'ok = rule == methods.TABLE[m].rule\n', []),
-    ('comparison', 'ok = kind == "sampled"\n', []),
-    ('list', 'M = ("greedy", "rejection", "typical")\n', [1]),
-    ('list', 'for m in ["rejection", "typical"]:\n    pass\n', [1]),
-    ('list', 'S = {"block", "traversal"}\n', [1]),
-    ('list', 'M = ("greedy", "rejection")  # narrower: the token-wise rules\n', []),
-    ('list', 'M = (  # narrower: pairs\n    ("a", "greedy"),\n    ("b", "rejection"))\n', []),
-    ('list', 'M = methods.distinct("chain")\n', []),
-    ('list', 'M = ((("a", "greedy"),  # narrower: pairs\n      ("rejection", "typical")))\n', []),
-    ('list', 'M = ((("a", "greedy"),\n      ("rejection", "typical")))\n', [2]),
-    ('list', 'M = ("greedy", "sampled")\n', []),
-]
+CASES_FILE = Path(__file__).parent / "data" / "method_name_cases.txt"
+
+
+def _cases() -> list[tuple[str, str, list[int]]]:
+    """(rule, source, flagged lines) from CASES_FILE: each case is a header line
+    ``== <rule> <flagged line numbers or ->`` followed by its source."""
+    cases: list[tuple[str, str, list[int]]] = []
+    for chunk in CASES_FILE.read_text(encoding="utf-8").split("\n== ")[1:]:
+        header, _, source = chunk.partition("\n")
+        rule, *lines = header.split()
+        cases.append((rule, source.rstrip("\n") + "\n", [int(n) for n in lines if n != "-"]))
+    return cases
+
+
+CASES = _cases()
 
 
 @pytest.mark.parametrize(("rule", "source", "expected"), CASES)
@@ -141,3 +136,10 @@ def test_each_rule_flags_what_it_should(rule: str, source: str, expected: list[i
     """Negative controls (flagged sources) and their compliant twins, for both rules."""
     check = method_comparisons if rule == "comparison" else method_lists
     assert check(source) == expected
+
+
+def test_the_case_file_holds_controls_and_twins_for_both_rules() -> None:
+    """A parse that lost cases would let the test above pass on nothing."""
+    kinds = {(rule, bool(flagged)) for rule, _, flagged in CASES}
+    assert kinds == {(r, f) for r in ("comparison", "list") for f in (True, False)}
+    assert len(CASES) == CASES_FILE.read_text(encoding="utf-8").count("\n== ")
